@@ -1,0 +1,154 @@
+"""The MLX policy: one model, LoRA adapters on it, and the frozen base as the same weights with
+the LoRA scale at 0.
+
+Covered: any model directory or hub id mlx-lm loads (quantized included), LoRA through mlx-lm's
+tuner (rank, scale, dropout, keys, number of layers), starting from saved adapters, log-probs of
+given tokens at a temperature, and the reference pass. Not covered: DoRA, full fine-tuning,
+models whose LoRA layers are not `LoRALinear` (the reference switch only knows mlx-lm's LoRA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
+from mlx_lm.tuner.utils import linear_to_lora_layers
+
+from .. import checkpoint
+from ..errors import CheckpointError, UsageError
+
+_LORA_TYPES = (LoRALinear, LoRASwitchLinear, LoRAEmbedding)
+
+
+@dataclass
+class Policy:
+    model: nn.Module
+    tokenizer: Any
+    base_model: str
+    num_layers: int
+    lora: Any  # the LoraConfig-like object used (rank, scale, dropout, keys)
+
+
+@dataclass(frozen=True)
+class _Lora:
+    rank: int = 8
+    scale: float = 20.0
+    dropout: float = 0.0
+    keys: tuple[str, ...] = ()
+
+
+def load_model(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, Any]:
+    """mlx-lm's loader, with a one-line error for a path that is neither a model nor a hub id."""
+    from mlx_lm import load
+
+    p = Path(path)
+    looks_local = p.exists() or path.startswith((".", "/", "~"))
+    if looks_local and not (p / "config.json").is_file():
+        raise UsageError(f"model {path}: no config.json there: pass a model directory "
+                         "(HF layout or `mlx-rlaif convert` output) or a hub id")
+    try:
+        return load(path, tokenizer_config={"trust_remote_code": trust_remote_code},
+                    trust_remote_code=trust_remote_code)
+    except Exception as e:  # hub errors, missing weights, unsupported architectures
+        raise UsageError(f"model {path} could not be loaded ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}): check the path or hub id"
+                         ) from e
+
+
+def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | None = None,
+                seed: int = 0, trust_remote_code: bool = False) -> Policy:
+    """Load the base model, freeze it and add LoRA layers (from `adapter` if given)."""
+    model, tokenizer = load_model(model_path, trust_remote_code)
+    model.freeze()
+    lora = lora_cfg or _Lora()
+    num_layers = getattr(lora, "num_layers", -1)
+    adapter_dir = checkpoint.resolve(adapter) if adapter else None
+    if adapter_dir is not None:
+        saved = checkpoint.load_adapter_config(adapter_dir)
+        params = saved["lora_parameters"]
+        lora = _Lora(params["rank"], params["scale"], params.get("dropout", 0.0),
+                     tuple(params.get("keys") or ()))
+        num_layers = saved["num_layers"]
+    n_blocks = len(model.layers)
+    num_layers = n_blocks if num_layers in (-1, None) or num_layers > n_blocks else num_layers
+    mx.random.seed(seed)
+    add_lora(model, lora, num_layers)
+    if adapter_dir is not None:
+        checkpoint.load_weights_into(model, adapter_dir)
+    model.train(False)
+    mx.eval(model.parameters())
+    return Policy(model, tokenizer, model_path, num_layers, lora)
+
+
+def add_lora(model: nn.Module, lora: Any, num_layers: int) -> None:
+    params = {"rank": lora.rank, "scale": lora.scale, "dropout": lora.dropout}
+    if lora.keys:
+        params["keys"] = list(lora.keys)
+    try:
+        linear_to_lora_layers(model, num_layers, params)
+    except ValueError as e:
+        raise UsageError(f"lora.keys: {e}: pick module keys that exist in the model") from e
+    if not any(isinstance(m, _LORA_TYPES) for _, m in model.named_modules()):
+        raise UsageError("lora.keys matched no module of the model: leave it empty to adapt every "
+                         "linear layer, or name keys like self_attn.q_proj")
+
+
+def lora_modules(model: nn.Module) -> list[nn.Module]:
+    return [m for _, m in model.named_modules() if isinstance(m, _LORA_TYPES)]
+
+
+@contextlib.contextmanager
+def lora_disabled(model: nn.Module) -> Iterator[None]:
+    """The frozen base model: the same weights with every LoRA scale set to 0.
+
+    y = base(x) + 0 * lora(x) equals base(x) exactly (for finite adapters), so no second copy of
+    the weights is needed for the KL reference.
+    """
+    mods = lora_modules(model)
+    scales = [m.scale for m in mods]
+    for m in mods:
+        m.scale = 0.0
+    try:
+        yield
+    finally:
+        for m, s in zip(mods, scales, strict=True):
+            m.scale = s
+
+
+def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[mx.array, mx.array | None]:
+    """Log-probs of tokens[:, 1:] given tokens[:, :-1], at `temperature`.
+
+    tokens: [B, T] -> logp: [B, T-1] (and the entropy of each next-token distribution [B, T-1]).
+    """
+    logits = model(tokens[:, :-1]).astype(mx.float32)  # [B, T-1, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = mx.logsumexp(logits, axis=-1)  # [B, T-1]
+    picked = mx.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
+    logp = picked - lse
+    if not with_entropy:
+        return logp, None
+    probs = mx.exp(logits - lse[..., None])
+    entropy = lse - mx.sum(probs * logits, axis=-1)
+    return logp, entropy
+
+
+def adapter_config_for(policy: Policy) -> dict:
+    return checkpoint.adapter_config(policy.lora, policy.base_model, policy.num_layers)
+
+
+def read_base_model(adapter_dir: Path) -> str:
+    cfg = json.loads((Path(adapter_dir) / checkpoint.ADAPTER_CONFIG).read_text())
+    base = cfg.get("base_model")
+    if not base:
+        raise CheckpointError(f"{adapter_dir}: adapter_config.json names no base_model: pass "
+                              "--model")
+    return base

@@ -1,0 +1,71 @@
+"""Rollouts -> padded MLX arrays, and the aggregation weights that make the loss divisor global.
+
+A row is prompt + completion, right-padded to a multiple of `pad_to` (so compiled or cached
+shapes repeat). Target position j predicts tokens[j + 1]; the completion's targets are the
+positions [len(prompt) - 1, len(prompt) - 1 + len(completion)).
+
+    token     w = mask / (completion tokens in the whole batch)             (DAPO, default)
+    sequence  w = mask / (len(completion) * sequences in the batch)          (GRPO)
+    constant  w = mask / (max_new_tokens * sequences in the batch)           (Dr. GRPO)
+
+Not covered: packing several sequences into one row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from .records import Rollout
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def aggregation_weights(lengths: Sequence[int], agg: str, max_new_tokens: int) -> list[float]:
+    """The per-token weight of each sequence (all its completion tokens share it)."""
+    n = len(lengths)
+    if n == 0:
+        return []
+    if agg == "token":
+        total = sum(lengths)
+        return [1.0 / total if total else 0.0] * n
+    if agg == "sequence":
+        return [1.0 / (max(length, 1) * n) for length in lengths]
+    return [1.0 / (max_new_tokens * n)] * n
+
+
+def build(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Sequence[float],
+          ref_logprobs: Sequence[Sequence[float]] | None = None,
+          pad_to: int = 32) -> dict[str, mx.array]:
+    """Arrays for a set of rows: tokens [N, T+1]; mask, weights, old_logp (and ref_logp) [N, T];
+    adv [N]. `ref_logprobs[i]` are the reference log-probs of rollout i's completion tokens."""
+    rows = [list(r.prompt_tokens) + list(r.tokens) for r in rollouts]
+    width = _round_up(max(len(x) for x in rows) - 1, pad_to) + 1
+    n = len(rows)
+    tokens = np.zeros((n, width), dtype=np.int32)
+    mask = np.zeros((n, width - 1), dtype=np.float32)
+    old = np.zeros((n, width - 1), dtype=np.float32)
+    ref = np.zeros((n, width - 1), dtype=np.float32) if ref_logprobs is not None else None
+    for i, (r, row) in enumerate(zip(rollouts, rows, strict=True)):
+        tokens[i, : len(row)] = row
+        start, stop = len(r.prompt_tokens) - 1, len(row) - 1
+        mask[i, start:stop] = 1.0
+        old[i, start:stop] = r.logprobs
+        if ref is not None:
+            ref[i, start:stop] = ref_logprobs[i]
+    w = mask * np.asarray(weights, dtype=np.float32)[:, None]
+    out = {"tokens": mx.array(tokens), "mask": mx.array(mask), "weights": mx.array(w),
+           "old_logp": mx.array(old), "adv": mx.array(np.asarray(adv, dtype=np.float32))}
+    if ref is not None:
+        out["ref_logp"] = mx.array(ref)
+    return out
+
+
+def chunks(n: int, size: int) -> list[slice]:
+    """Row ranges of each micro-batch (size 0: one batch)."""
+    size = size or max(n, 1)
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]

@@ -1,0 +1,197 @@
+"""Checkpoints: atomic, resumable, loadable by mlx-lm.
+
+Layout of a run directory (names follow the seed trainer):
+
+    RUN/config.yaml                       resolved config, no secrets
+    RUN/checkpoints/checkpoint-e2-b10-gs12/
+        adapters.safetensors              LoRA weights, mlx-lm format
+        adapter_config.json               mlx-lm adapter config (+ "base_model")
+        optimizer.safetensors             AdamW state
+        state.json                        step, epoch, data cursor, seeds, controller state
+        config.yaml                       the run's config
+        training_stats.json               rolling trainer stats
+        checkpoint_summary.json           epoch / batch / step, baseline reward, gain
+
+A checkpoint is written to `checkpoint-...tmp-<pid>` and renamed into place, so a directory named
+`checkpoint-*` without the `.tmp` suffix is always complete. `mlx_lm.generate --adapter-path DIR`
+loads one directly. Not covered: sharded adapters, full fine-tuning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .errors import CheckpointError
+
+ADAPTERS = "adapters.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+STATE = "state.json"
+OPTIMIZER = "optimizer.safetensors"
+_STEP = re.compile(r"gs(\d+)")
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """Everything besides weights that a resumed run needs to continue identically."""
+
+    step: int = 0
+    epoch: int = 0
+    cursor: int = 0  # tasks consumed in the current epoch
+    kl_coef: float = 0.0
+    reinforce_baseline: float | None = None
+    baseline_reward: float | None = None
+    best_reward: float | None = None
+
+
+def checkpoint_name(epoch: int, batch: int | None, step: int, final: bool = False) -> str:
+    """Seed-style tags: checkpoint-e2-b10-gs12, checkpoint-e2-end-gs12, checkpoint-final-gs12."""
+    if final:
+        return f"checkpoint-final-gs{step}"
+    return f"checkpoint-e{epoch}-{'end' if batch is None else f'b{batch}'}-gs{step}"
+
+
+def adapter_config(lora: Any, base_model: str, num_layers: int) -> dict:
+    """mlx-lm's adapter_config.json for a LoRA config section (see config.LoraConfig)."""
+    params = {"rank": lora.rank, "scale": lora.scale, "dropout": lora.dropout}
+    if lora.keys:
+        params["keys"] = list(lora.keys)
+    return {
+        "fine_tune_type": "lora",
+        "num_layers": num_layers,
+        "lora_parameters": params,
+        "base_model": base_model,
+    }
+
+
+def adapter_weights(model: Any) -> dict[str, mx.array]:
+    return dict(tree_flatten(model.trainable_parameters()))
+
+
+def save_checkpoint(
+    run_dir: Path,
+    name: str,
+    model: Any,
+    adapter_cfg: Mapping[str, Any],
+    state: LoopState,
+    optimizer: Any = None,
+    extra_json: Mapping[str, Any] | None = None,
+    config_text: str | None = None,
+) -> Path:
+    """Write a complete checkpoint atomically and return its path."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / name
+    tmp = root / f"{name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    mx.save_safetensors(str(tmp / ADAPTERS), adapter_weights(model))
+    _write_json(tmp / ADAPTER_CONFIG, adapter_cfg)
+    _write_json(tmp / STATE, state.__dict__)
+    if optimizer is not None:
+        opt_state = dict(tree_flatten(optimizer.state))
+        mx.save_safetensors(str(tmp / OPTIMIZER), opt_state)
+    for fname, obj in (extra_json or {}).items():
+        _write_json(tmp / fname, obj)
+    if config_text is not None:
+        (tmp / "config.yaml").write_text(config_text)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
+
+
+def checkpoint_step(path: Path) -> int:
+    m = _STEP.search(path.name)
+    return int(m.group(1)) if m else -1
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (by global step, then modification time)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir()
+            if p.is_dir() and p.name.startswith("checkpoint-") and ".tmp" not in p.name
+            and (p / ADAPTERS).is_file() and (p / STATE).is_file()]
+    return sorted(done, key=lambda p: (checkpoint_step(p), p.stat().st_mtime))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def prune(run_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints (keep <= 0: delete nothing)."""
+    found = list_checkpoints(run_dir)
+    gone = found[:-keep] if keep > 0 else []
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+def clean_partial(run_dir: Path) -> None:
+    """Remove temporary checkpoint directories left by a crash."""
+    root = Path(run_dir) / "checkpoints"
+    if root.is_dir():
+        for p in root.glob("checkpoint-*.tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def resolve(path: str | Path) -> Path:
+    """An adapter directory from a checkpoint directory, a run directory (its newest checkpoint)
+    or a plain mlx-lm adapter directory."""
+    p = Path(path)
+    if (p / ADAPTERS).is_file() and (p / ADAPTER_CONFIG).is_file():
+        return p
+    latest = latest_checkpoint(p)
+    if latest is None:
+        raise CheckpointError(f"{p} holds no adapters: pass a checkpoint directory "
+                              f"(with {ADAPTERS}) or a run directory with checkpoints/")
+    return latest
+
+
+def load_state(ckpt: Path) -> LoopState:
+    data = json.loads((Path(ckpt) / STATE).read_text())
+    known = set(LoopState.__dataclass_fields__)
+    return LoopState(**{k: v for k, v in data.items() if k in known})
+
+
+def load_adapter_config(ckpt: Path) -> dict:
+    return json.loads((Path(ckpt) / ADAPTER_CONFIG).read_text())
+
+
+def load_weights_into(model: Any, ckpt: Path) -> None:
+    """Load adapter weights into a model that already has LoRA layers of the same shape."""
+    weights = mx.load(str(Path(ckpt) / ADAPTERS))
+    have = dict(tree_flatten(model.trainable_parameters()))
+    missing = sorted(set(have) - set(weights))
+    wrong = sorted(k for k in weights if k not in have or weights[k].shape != have[k].shape)
+    if missing or wrong:
+        bad = (missing + wrong)[0]
+        raise CheckpointError(f"{ckpt}: adapters do not match the model (first mismatch: {bad}); "
+                              "use the same model and lora settings the checkpoint was made with")
+    model.load_weights(list(weights.items()), strict=False)
+
+
+def load_optimizer_into(optimizer: Any, ckpt: Path) -> bool:
+    path = Path(ckpt) / OPTIMIZER
+    if not path.is_file():
+        return False
+    optimizer.state = tree_unflatten(list(mx.load(str(path)).items()))
+    return True

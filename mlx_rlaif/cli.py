@@ -1,0 +1,63 @@
+"""The `mlx-rlaif` command line. Subcommands only parse arguments and call the library.
+
+Each subcommand is a module in `mlx_rlaif.commands` with `HELP`, `add_arguments(parser)` and
+`run(args) -> int`. Usage errors (RlaifError subclasses ConfigError / UsageError) print one line
+and exit with code 2; other RlaifErrors exit with code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+from .errors import ConfigError, RlaifError, UsageError
+
+# command name -> module under mlx_rlaif.commands
+COMMANDS: dict[str, str] = {
+    "train": "train",
+    "eval": "evaluate",
+    "score": "score",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlx-rlaif",
+        description="RL from AI feedback for code models, in MLX, on one set of weights.",
+    )
+    parser.add_argument("--version", action="version", version=f"mlx-rlaif {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        mod = importlib.import_module(f"mlx_rlaif.commands.{module}")
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from .blas import maybe_reexec_with_fast_blas
+
+    maybe_reexec_with_fast_blas()
+    parser = build_parser()
+    if not argv:
+        argv = ["train"]  # the embedded default: the quickstart
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except (ConfigError, UsageError) as e:
+        print(f"mlx-rlaif {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except RlaifError as e:
+        print(f"mlx-rlaif {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

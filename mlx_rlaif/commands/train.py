@@ -1,0 +1,77 @@
+"""`mlx-rlaif train`: parse flags into config overrides and call mlx_rlaif.train.train."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .. import checkpoint
+from ..config import load
+from ..errors import UsageError
+
+HELP = "Train a code model with RL (sample, score, LoRA policy-gradient update)."
+QUICKSTART = "configs/quickstart.yaml"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help=f"YAML config (default: {QUICKSTART} when it exists)")
+    p.add_argument("--model", help="model directory or hub id (model.path)")
+    p.add_argument("--train-file", help="training tasks: JSONL or suite:NAME (data.train_file)")
+    p.add_argument("--eval-file", help="held-out tasks evaluated at the end (data.eval_file)")
+    p.add_argument("--output-dir", help="run directory (training.output_dir)")
+    p.add_argument("--max-steps", type=int, help="stop after N steps (training.max_steps)")
+    p.add_argument("--init-adapter", help="start from these adapters, e.g. an sft run")
+    p.add_argument("--resume", nargs="?", const="", metavar="DIR",
+                   help="continue the newest checkpoint of DIR (default: the output dir)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any config key, e.g. --set rl.kl_penalty=0.05 (repeatable)")
+    p.add_argument("--no-dashboard", action="store_true", help="plain log lines, no live view")
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    pairs = [("model.path", args.model), ("data.train_file", args.train_file),
+             ("data.eval_file", args.eval_file), ("training.output_dir", args.output_dir),
+             ("training.max_steps", args.max_steps), ("lora.init_adapter", args.init_adapter)]
+    out = [f"{k}={v}" for k, v in pairs if v is not None]
+    if args.no_dashboard:
+        out.append("logging.dashboard=false")
+    return out + list(args.set)
+
+
+def config_path(args: argparse.Namespace) -> str | None:
+    if args.config:
+        return args.config
+    if args.resume is not None:
+        run_dir = Path(args.resume or _output_dir(args))
+        saved = run_dir / "config.yaml"
+        return str(saved) if saved.is_file() else None
+    return QUICKSTART if Path(QUICKSTART).is_file() else None
+
+
+def _output_dir(args: argparse.Namespace) -> str:
+    if args.output_dir:
+        return args.output_dir
+    cfg = load(args.config if args.config else None, list(args.set))
+    return cfg.training.output_dir
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..train import train
+
+    cfg = load(config_path(args), overrides(args))
+    resume_from = None
+    if args.resume is not None:
+        run_dir = Path(args.resume or cfg.training.output_dir)
+        resume_from = checkpoint.latest_checkpoint(run_dir)
+        if resume_from is None:
+            raise UsageError(f"--resume: no complete checkpoint in {run_dir}/checkpoints: "
+                             "start a new run without --resume")
+        if args.resume:
+            from dataclasses import replace
+
+            cfg = replace(cfg, training=replace(cfg.training, output_dir=str(run_dir)))
+    interactive = sys.stdout.isatty() and cfg.logging.dashboard
+    run_dir = train(cfg, resume_from=resume_from, interactive=interactive)
+    print(f"run directory: {run_dir}")
+    return 0

@@ -1,0 +1,414 @@
+"""Configuration: small frozen dataclasses, one per concern, loaded strictly from YAML.
+
+`load(path, overrides)` reads a YAML file, applies `--set a.b=c` overrides and builds a `Config`.
+Every problem (missing file, unknown key, wrong type, out-of-range value) raises one `ConfigError`
+whose one-line message names the dotted key and the fix; nothing is loaded or written before that.
+Each field's docstring lives in `metadata["doc"]`; `configs/example.yaml` documents every option.
+
+Not covered: environment variables other than the teacher's API key name (the key itself is
+never stored in a config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from .errors import ConfigError
+
+
+def opt(default: Any, doc: str, check: Any = None, hint: str = "") -> Any:
+    """A config field with its documentation and an optional range check."""
+    meta = {"doc": doc, "check": check, "hint": hint}
+    if isinstance(default, (list, dict, tuple)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _pos(v: float) -> bool:
+    return v > 0
+
+
+def _nonneg(v: float) -> bool:
+    return v >= 0
+
+
+def _unit(v: float) -> bool:
+    return 0 <= v <= 1
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = opt("models/tiny-coder", "Model to train: a local directory mlx-lm loads (HF "
+                    "layout or MLX-converted, quantized included) or a hub id (needs network).")
+    trust_remote_code: bool = opt(False, "Allow custom model code shipped with a hub model.")
+    chat_template: bool = opt(True, "Wrap prompts in the tokenizer's chat template when it has one.")
+    system_prompt: str = opt("", "Optional system message put before each prompt.")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = opt(8, "LoRA rank.", _pos)
+    scale: float = opt(20.0, "LoRA scale (mlx-lm's `scale`; alpha/rank in other tools).", _pos)
+    dropout: float = opt(0.0, "LoRA dropout. Keep 0 for RL: dropout breaks policy/reference "
+                         "and sampler/trainer agreement.", lambda v: 0 <= v < 1)
+    num_layers: int = opt(-1, "How many of the last transformer blocks get adapters (-1: all).",
+                          lambda v: v == -1 or v > 0, "use -1 for all layers or a positive count")
+    keys: tuple[str, ...] = opt((), "Module keys inside a block to adapt, e.g. "
+                                "[self_attn.q_proj, self_attn.v_proj]; empty: every linear layer.")
+    init_adapter: str = opt("", "Start from these adapters (a checkpoint or run directory, e.g. "
+                            "from `mlx-rlaif sft`).")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_file: str = opt("suite:synthetic-train", "Training tasks: a JSONL file or a shipped "
+                          "suite (suite:synthetic-train, suite:synthetic-eval, suite:humaneval).")
+    eval_file: str = opt("", "Held-out tasks for evaluation at the end of the run (optional).")
+    shuffle: bool = opt(True, "Shuffle the training tasks each epoch (deterministic from the seed).")
+    languages: tuple[str, ...] = opt((), "Keep only tasks in these languages; empty: all.")
+    max_tasks: int = opt(0, "Use at most this many training tasks (0: all).", _nonneg)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    num_samples_per_prompt: int = opt(4, "G: completions sampled for each prompt (a group). "
+                                      "At least 2: a group of 1 has no baseline.",
+                                      lambda v: v >= 2, "set it to 2 or more")
+    max_new_tokens: int = opt(128, "Most tokens generated per completion.", _pos)
+    temperature: float = opt(1.0, "Sampling temperature; training log-probs use the same one.",
+                             _pos)
+    top_p: float = opt(1.0, "Nucleus sampling (1.0: off). Truncation biases the PPO ratio: watch "
+                       "kl/sample_train.", lambda v: 0 < v <= 1)
+    top_k: int = opt(0, "Top-k sampling (0: off).", _nonneg)
+    prefill_once: bool = opt(True, "Prefill each prompt once and share its KV cache with the G "
+                             "completions of its group.")
+    completion_batch_size: int = opt(0, "Most sequences decoded at once (0: all P x G).", _nonneg)
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    advantage: Literal["grpo", "rloo", "reinforce"] = opt(
+        "grpo", "Baseline: grpo (group mean), rloo (leave-one-out), reinforce (running mean).")
+    scale: Literal["group", "batch", "none"] = opt(
+        "group", "Divide advantages by the group std, the batch std, or nothing (Dr. GRPO).")
+    whiten: bool = opt(False, "Whiten advantages over the batch after the baseline.")
+    drop_zero_std: bool = opt(True, "Leave zero-variance groups out of the loss (they carry no "
+                              "signal); counted as reward/frac_zero_std either way.")
+    reinforce_decay: float = opt(0.9, "EMA decay of the reinforce running baseline.", _unit)
+    kl_penalty: float = opt(0.02, "KL coefficient beta against the frozen base (LoRA off). "
+                            "0 skips the reference forward entirely.", _nonneg)
+    kl_estimator: Literal["k1", "k2", "k3"] = opt("k2", "KL estimator used in the loss.")
+    kl_in_reward: bool = opt(False, "Subtract beta * sum_t k1 from each reward instead of adding "
+                             "KL to the loss.")
+    adaptive_kl: bool = opt(False, "Adapt beta toward kl_target (Ziegler et al. controller).")
+    kl_target: float = opt(0.05, "Target KL per token for the adaptive controller.", _pos)
+    kl_horizon: int = opt(1000, "Horizon (in sequences) of the adaptive controller.", _pos)
+    clip_low: float = opt(0.2, "PPO clip: ratio lower bound is 1 - clip_low.", _unit)
+    clip_high: float = opt(0.28, "PPO clip: ratio upper bound is 1 + clip_high (DAPO clip-higher).",
+                           _nonneg)
+    loss_agg: Literal["token", "sequence", "constant"] = opt(
+        "token", "Loss aggregation: token mean over the whole batch (DAPO), mean of per-sequence "
+        "means (GRPO), or sum / (sequences x max_new_tokens) (Dr. GRPO).")
+    entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", _nonneg)
+    num_iterations: int = opt(1, "Updates per rollout batch (PPO epochs); the sampler log-probs "
+                              "are the old policy, so extra iterations cost no extra forward.", _pos)
+    mask_truncated: bool = opt(False, "Leave completions cut at max_new_tokens out of the loss.")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    batch_size: int = opt(2, "P: prompts per step; a step trains on P x G completions.", _pos)
+    num_epochs: int = opt(1, "Passes over the training tasks.", _pos)
+    max_steps: int = opt(0, "Stop after this many steps (0: run all epochs).", _nonneg)
+    learning_rate: float = opt(1e-4, "Peak AdamW learning rate.", _pos)
+    weight_decay: float = opt(0.0, "AdamW weight decay.", _nonneg)
+    warmup_steps: int = opt(0, "Linear warmup steps.", _nonneg)
+    lr_schedule: Literal["constant", "cosine"] = opt("constant", "After warmup: constant or "
+                                                     "cosine decay to min_lr_ratio * lr.")
+    min_lr_ratio: float = opt(0.1, "Final lr of the cosine schedule, relative to the peak.", _unit)
+    micro_batch_size: int = opt(0, "Sequences per forward/backward; gradients accumulate over "
+                                "micro-batches (0: the whole batch at once).", _nonneg)
+    max_grad_norm: float = opt(1.0, "Clip the global gradient norm (0: off).", _nonneg)
+    seed: int = opt(0, "Seed of data order, sampling and LoRA init.")
+    output_dir: str = opt("runs/latest", "Run directory: config, metrics, checkpoints.")
+    save_every_batches: int = opt(0, "Checkpoint every N steps (0: off).", _nonneg)
+    save_every_epochs: int = opt(1, "Checkpoint at the end of every N epochs (0: off).", _nonneg)
+    save_total_limit: int = opt(3, "Keep only the newest N checkpoints (0: keep all).", _nonneg)
+
+
+@dataclass(frozen=True)
+class ExecConfig:
+    sandbox: Literal["auto", "bwrap", "seatbelt", "process"] = opt(
+        "auto", "Isolation: auto picks the strongest available (bwrap on Linux, seatbelt on macOS, "
+        "else process limits only).")
+    timeout_s: float = opt(5.0, "Wall-clock limit per run (the whole process group is killed).",
+                           _pos)
+    cpu_s: int = opt(5, "CPU-time limit per run.", _pos)
+    memory_mb: int = opt(512, "Address-space limit per run.", _pos)
+    max_output_kb: int = opt(64, "Output kept per run; the rest is dropped.", _pos)
+    workers: int = opt(0, "Sandboxed runs in parallel (0: number of cores).", _nonneg)
+    build_weight: float = opt(0.1, "Weight of the builds/parses part of the exec reward.", _unit)
+    tests_weight: float = opt(0.9, "Weight of the fraction-of-tests-passed part.", _unit)
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    provider: Literal["none", "anthropic", "openai"] = opt(
+        "none", "Teacher API: anthropic (Messages) or openai (Chat Completions; any "
+        "OpenAI-compatible server with base_url).")
+    model: str = opt("", "Teacher model name (e.g. claude-3-5-haiku-latest, gpt-4o-mini).")
+    base_url: str = opt("", "API base URL (OpenAI-compatible servers, proxies).")
+    api_key_env: str = opt("", "Environment variable holding the key (default: ANTHROPIC_API_KEY "
+                           "or OPENAI_API_KEY). The key is never written anywhere.")
+    mode: Literal["absolute", "ratio", "rank"] = opt(
+        "absolute", "absolute: the student's rubric score; ratio: student/teacher score clipped to "
+        "[0, 1] (the teacher's reference solution judged on the same rubric); rank: the teacher "
+        "sees the whole group at once and grades the candidates against each other (one call "
+        "per group).")
+    criteria: dict = opt({"correctness": 0.3, "code_quality": 0.3, "efficiency": 0.2,
+                          "documentation": 0.2}, "Rubric criteria and their weights, each scored "
+                         "0..1 by the judge: {name: weight} or {name: {weight: w, description: "
+                         "text}}; names are letters, digits and _.")
+    concurrency: int = opt(4, "Teacher calls in flight at once.", _pos)
+    max_retries: int = opt(3, "SDK retries (429, 5xx, timeouts; retry-after honoured).", _nonneg)
+    timeout_s: float = opt(60.0, "SDK timeout per request.", _pos)
+    max_tokens: int = opt(512, "Most tokens the judge may answer with.", _pos)
+    temperature: float | None = opt(0.0, "Sampling temperature of the teacher (null: the "
+                                    "provider's default, for models that accept no other).",
+                                    lambda v: v is None or 0 <= v <= 2, "use 0..2 or null")
+    structured_output: bool = opt(True, "Ask for structured answers (Anthropic tool use, OpenAI "
+                                  "json_schema); turn off for servers that reject "
+                                  "response_format. The parser is strict either way.")
+    reference: bool = opt(True, "The teacher writes a reference solution per task (cached) and "
+                          "judges it (details teacher_code, teacher_score); absolute and rank "
+                          "modes show it to the judge. Always on in ratio mode.")
+    cache_path: str = opt("", "sqlite cache of judgements (default: <output_dir>/teacher_cache.db).")
+    max_cost_usd: float = opt(0.0, "End the run cleanly when the estimated cost reaches this "
+                              "(0: no limit).", _nonneg)
+    price_in_per_mtok: float = opt(0.0, "USD per million input tokens, for cost estimates.",
+                                   _nonneg)
+    price_out_per_mtok: float = opt(0.0, "USD per million output tokens.", _nonneg)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    type: Literal["exec", "syntax", "teacher", "mix"] = opt(
+        "exec", "exec: run tests in a sandbox; syntax: Python parses; teacher: rubric judge; "
+        "mix: weighted sum of exec and teacher.")
+    exec_weight: float = opt(0.5, "With type mix: weight of the exec reward.", _unit)
+    teacher_weight: float = opt(0.5, "With type mix: weight of the teacher reward.", _unit)
+    exec: ExecConfig = field(default_factory=ExecConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    tensorboard: bool = opt(True, "Write TensorBoard event files to <output_dir>/tensorboard.")
+    dashboard: bool = opt(True, "Live rich dashboard when stdout is a terminal.")
+    log_every: int = opt(1, "Print/log metrics every N steps.", _pos)
+    samples_per_step: int = opt(8, "Completions written to samples.jsonl per step (0: none).",
+                                _nonneg)
+    health_check_enabled: bool = opt(True, "Print a health-check line every N steps.")
+    health_check_interval_batches: int = opt(5, "N for the health check.", _pos)
+    baseline_eval_batches: int = opt(0, "Score the first N batches before training as the "
+                                     "baseline reward (0: use the first step's reward).", _nonneg)
+    collect_dataset: bool = opt(True, "Write train/validation/evaluation dataset JSONL.")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read YAML (or start from defaults), apply `a.b=c` overrides, and check everything."""
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} not found: pass an existing YAML file to --config")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{p}:{mark.line + 1}" if mark else str(p)
+            raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', e)}): fix the "
+                              "syntax") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, rl:, ...)")
+    for item in overrides:
+        apply_override(raw, item)
+    return from_dict(raw)
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """Set `a.b=c` in a nested dict; the value is parsed as YAML (so 3, 0.1, true, [a, b] work)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rl.kl_penalty=0.05")
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {part} is not a section")
+    try:
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        node[parts[-1]] = value
+
+
+def from_dict(raw: dict) -> Config:
+    return _build(Config, raw, "")
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got "
+                          f"{type(raw).__name__}: write it as a section")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(_unknown(str(key), list(known), prefix))
+    values = {}
+    for name, f in known.items():
+        if name not in raw:
+            continue
+        dotted = f"{prefix}{name}"
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            values[name] = _build(tp, raw[name], dotted + ".")
+        else:
+            values[name] = _coerce(raw[name], tp, dotted)
+            check = f.metadata.get("check")
+            if check is not None and not check(values[name]):
+                hint = f.metadata.get("hint") or f"see the comment in configs/example.yaml"
+                raise ConfigError(f"{dotted} = {values[name]!r} is out of range: {hint}")
+    return cls(**values)
+
+
+def _unknown(key: str, known: list[str], prefix: str) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    fix = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(known)}"
+    return f"unknown config key {prefix}{key}: {fix}"
+
+
+def _coerce(value: Any, tp: Any, dotted: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{dotted} = {value!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return None if value is None else _coerce(value, args[0], dotted)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{dotted} must be a list, got {value!r}: write [a, b]")
+        return tuple(_coerce(v, typing.get_args(tp)[0], dotted) for v in value)
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{dotted} must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{dotted} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{dotted} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{dotted} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{dotted} must be a finite number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{dotted} must be a string, got {value!r}: quote it")
+        return value
+    raise ConfigError(f"{dotted}: unsupported type {tp}")
+
+
+def to_dict(cfg: Any) -> dict:
+    """The config as plain YAML-able data (tuples become lists)."""
+    out = dataclasses.asdict(cfg)
+
+    def fix(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: fix(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [fix(v) for v in x]
+        return x
+
+    return fix(out)
+
+
+def dump(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def documented_yaml(cls: type = Config, indent: int = 0) -> str:
+    """Every option with its default and docstring, as commented YAML (configs/example.yaml)."""
+    lines: list[str] = []
+    hints = typing.get_type_hints(cls)
+    pad = "  " * indent
+    for f in fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{pad}{f.name}:")
+            lines.append(documented_yaml(tp, indent + 1))
+            continue
+        doc = f.metadata.get("doc", "")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, tuple):
+            default = list(default)
+        text = yaml.safe_dump({f.name: default}, default_flow_style=True, width=1000).strip()
+        text = text[1:-1] if text.startswith("{") else text
+        for line in _wrap(doc, 96 - len(pad)):
+            lines.append(f"{pad}# {line}")
+        lines.append(f"{pad}{text}")
+    return "\n".join(lines)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width) or [""]
+
+
+def check(cfg: Config) -> Config:
+    """Cross-field checks that single-field checks cannot express."""
+    r = cfg.reward
+    if r.type == "mix" and r.exec_weight + r.teacher_weight <= 0:
+        raise ConfigError("reward.exec_weight + reward.teacher_weight must be > 0 with type mix")
+    if r.type in ("teacher", "mix") and r.teacher.provider == "none":
+        raise ConfigError(f"reward.type = {r.type} needs a teacher: set reward.teacher.provider "
+                          "to anthropic or openai")
+    if r.teacher.mode == "rank" and r.type not in ("teacher", "mix"):
+        raise ConfigError("reward.teacher.mode = rank needs reward.type teacher or mix")
+    return cfg

@@ -1,0 +1,68 @@
+"""The RL objective, as pure functions of MLX arrays. Shapes: N sequences, T target positions.
+
+Per token t of a kept completion (ratio = exp(logp - old_logp), old = the sampler's log-probs):
+
+    pg_t  = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))
+    kl_t  = k(logp, ref_logp)            k1 = logp - ref, k2 = (logp - ref)^2 / 2,
+                                         k3 = exp(ref - logp) - (ref - logp) - 1
+    l_t   = pg_t + beta * kl_t - entropy_coef * H_t
+    loss  = sum_t w_t * l_t
+
+The weights w_t (batch.py) carry the aggregation and its divisor, computed once over the whole
+rollout batch, so summing micro-batch losses gives the same gradient for any micro-batch size.
+
+Not covered: value losses, sequence-level importance ratios (GSPO).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .backends.mlx import token_logprobs
+
+
+def kl_estimate(logp: mx.array, ref_logp: mx.array, kind: str) -> mx.array:
+    """Per-token estimate of KL(policy || ref) from samples of the policy."""
+    d = ref_logp - logp
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * d * d
+    return mx.exp(d) - d - 1.0
+
+
+def clipped_surrogate(logp: mx.array, old_logp: mx.array, adv: mx.array, clip_low: float,
+                      clip_high: float) -> tuple[mx.array, mx.array, mx.array]:
+    """Per-token PPO loss, the ratio, and where clipping was active. adv: [N] -> broadcast."""
+    ratio = mx.exp(logp - old_logp)
+    a = adv[:, None]
+    unclipped = -a * ratio
+    clipped = -a * mx.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return mx.maximum(unclipped, clipped), ratio, (clipped > unclipped)
+
+
+def rl_loss(model: nn.Module, mb: dict[str, mx.array], rl: Any, kl_coef: float,
+            temperature: float) -> tuple[mx.array, dict[str, mx.array]]:
+    """(loss, aux) for one micro-batch. `mb` holds tokens [N, T+1], mask/weights/old_logp/
+    ref_logp [N, T], adv [N]. aux holds masked sums (divide by aux['tokens'] for means)."""
+    logp, entropy = token_logprobs(model, mb["tokens"], temperature, with_entropy=True)
+    if rl.entropy_coef == 0:
+        entropy = mx.stop_gradient(entropy)
+    mask, w = mb["mask"], mb["weights"]
+    pg, ratio, clipped = clipped_surrogate(logp, mb["old_logp"], mb["adv"], rl.clip_low,
+                                           rl.clip_high)
+    per_token = pg - rl.entropy_coef * entropy
+    aux = {"tokens": mask.sum(), "pg": (pg * w).sum(), "entropy": (entropy * mask).sum(),
+           "clipped": (clipped * mask).sum(), "ratio": (ratio * mask).sum(),
+           "approx_kl": (0.5 * (logp - mb["old_logp"]) ** 2 * mask).sum()}
+    if "ref_logp" in mb:
+        kl = kl_estimate(logp, mb["ref_logp"], rl.kl_estimator)
+        per_token = per_token + kl_coef * kl
+        aux["kl_loss"] = (kl * w).sum()
+        aux["kl"] = ((logp - mb["ref_logp"]) * mask).sum()
+    loss = (per_token * w).sum()
+    aux["loss"] = loss
+    return loss, aux

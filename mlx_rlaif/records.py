@@ -1,0 +1,84 @@
+"""The records that flow through a step: Task -> Rollout -> Reward.
+
+Naming of ragged lists: a suffix `_P` is one entry per prompt, `_G` one per completion of a group,
+`_PG` one per completion of the whole batch, flattened prompt-major (index p * G + g).
+
+Not covered here: batching into arrays (batch.py) and scoring (rewards/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt to train or evaluate on.
+
+    `prompt` is the user message (or, for HumanEval-style records, the code to complete).
+    Tests, all optional (see rewards/exec.py and README "Task formats"):
+    - `test` + `entry_point`: HumanEval style, `test` defines `check(candidate)`;
+    - `tests` with `{"args": [...], "expected": ...}` items: calls of `entry_point`;
+    - `tests` with `{"stdin": "...", "stdout": "..."}` items: whole programs.
+    """
+
+    id: str
+    prompt: str
+    language: str = "python"
+    entry_point: str | None = None
+    test: str | None = None
+    tests: tuple[Mapping[str, Any], ...] = ()
+    difficulty: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_tests(self) -> bool:
+        return bool(self.test) or bool(self.tests)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One sampled completion of one task.
+
+    `logprobs[i]` is the sampler's log-probability of `tokens[i]` at temperature `temperature`
+    (the full tempered distribution, before top-p/top-k truncation).
+    """
+
+    task: Task
+    prompt_tokens: tuple[int, ...]
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    temperature: float
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass(frozen=True)
+class Reward:
+    """The score of one completion.
+
+    `value` is None when the completion could not be scored (our sandbox failed, the judge
+    errored or answered out of range): it is left out of baselines and gets advantage 0.
+    It is never silently turned into 0.0. `parts` holds the named components (each a number or
+    None); `reason` is a short human-readable why; `details` holds structured extras (per-test
+    breakdown, judge rationale, teacher code).
+    """
+
+    value: float | None
+    parts: Mapping[str, float | None] = field(default_factory=dict)
+    reason: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+def group_indices(task_ids_PG: Sequence[str]) -> dict[str, list[int]]:
+    """Indices of each group, keyed by task id (never by position), in first-seen order."""
+    groups: dict[str, list[int]] = {}
+    for i, tid in enumerate(task_ids_PG):
+        groups.setdefault(tid, []).append(i)
+    return groups

@@ -1,0 +1,451 @@
+"""The RL loop: sample -> score -> advantages -> clipped policy-gradient update, on one set of
+MLX weights in one process.
+
+`rl_step` is one step, readable on one screen. `train(cfg, ...)` sets up (tasks, reward, model,
+optimizer, run directory), loops over steps, checkpoints, and resumes. The reference model is the
+policy with LoRA scale 0 (`lora_disabled`); with `kl_penalty = 0` no reference forward runs. The
+update changes the arrays the next rollout samples from: there is no weight-sync step.
+
+Not covered: multi-device training, asynchronous (off-policy) rollouts, value models.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_map
+
+from . import advantages, checkpoint
+from . import batch as batching
+from .backends.mlx import Policy, adapter_config_for, load_policy, lora_disabled, token_logprobs
+from .config import Config, dump
+from .data import TaskOrder, load_tasks
+from .errors import ConfigError, TeacherError
+from .losses import rl_loss
+from .records import Reward, Rollout, Task
+from .rewards.base import RewardFn
+from .rewards.build import build_reward
+from .rollout import SamplingParams, prompt_formatter, sample
+
+
+@dataclass
+class Run:
+    """Everything a step needs. `state` is replaced (frozen LoopState) after each step."""
+
+    cfg: Config
+    policy: Policy
+    reward_fn: RewardFn
+    optimizer: optim.Optimizer
+    run_dir: Path
+    state: checkpoint.LoopState
+    format: Callable[[Task], list[int]]
+    skipped: int = 0
+    stop: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+# --- one step ------------------------------------------------------------------------------------
+
+
+def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
+    cfg, model = run.cfg, run.policy.model
+    G, beta = cfg.generation.num_samples_per_prompt, run.state.kl_coef
+    mx.random.seed(_step_seed(cfg.training.seed, run.state.step))
+    t0 = time.perf_counter()
+    rollouts, gen = sample(model, run.policy.tokenizer, tasks, _sampling(cfg), G, run.format)
+    t1 = time.perf_counter()
+    rewards = run.reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
+    t2 = time.perf_counter()
+    values = [rw.value for rw in rewards]
+    ref = None
+    if beta > 0 and cfg.rl.kl_in_reward:
+        ref = reference_logprobs(model, rollouts, cfg)
+        values = [None if v is None else v - beta * float(np.sum(np.subtract(r.logprobs, q)))
+                  for v, r, q in zip(values, rollouts, ref, strict=True)]
+    adv = advantages.compute(values, [r.task.id for r in rollouts], cfg.rl.advantage,
+                             cfg.rl.scale, cfg.rl.whiten, cfg.rl.drop_zero_std,
+                             run.state.reinforce_baseline, cfg.rl.reinforce_decay)
+    keep = [i for i in range(len(rollouts)) if adv.keep[i]
+            and not (cfg.rl.mask_truncated and rollouts[i].truncated)]
+    if beta > 0 and not cfg.rl.kl_in_reward and keep:
+        ref = reference_logprobs(model, [rollouts[i] for i in keep], cfg)
+    elif ref is not None:
+        ref = [ref[i] for i in keep]
+    upd = update(run, [rollouts[i] for i in keep], adv.values[keep], ref)
+    t3 = time.perf_counter()
+    run.state = replace(run.state, step=run.state.step + 1,
+                        reinforce_baseline=adv.baseline,
+                        kl_coef=_adapt_kl(cfg, beta, upd.get("kl/mean"), len(keep)))
+    metrics = {**gen, **upd, **step_metrics(rollouts, rewards, adv, keep),
+               "kl/coef": beta, "time/generate": t1 - t0, "time/score": t2 - t1,
+               "time/train": t3 - t2, "time/step": t3 - t0,
+               **run.reward_fn.metrics(), **_memory()}
+    return metrics, sample_records(run, rollouts, rewards, adv.values)
+
+
+def update(run: Run, rollouts: list[Rollout], adv: np.ndarray,
+           ref: list[np.ndarray] | None) -> dict[str, float]:
+    """`num_iterations` optimizer updates on the kept rollouts, micro-batched."""
+    cfg = run.cfg
+    if not rollouts:
+        return {"optim/skipped": float(run.skipped), "train/tokens": 0.0}
+    lengths = [len(r.tokens) for r in rollouts]
+    w = batching.aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens)
+    mbs = [batching.build(rollouts[s], adv[s], w[s], ref[s] if ref is not None else None)
+           for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size)]
+    loss_fn = partial(rl_loss, rl=cfg.rl, kl_coef=run.state.kl_coef,
+                      temperature=cfg.generation.temperature)
+    value_and_grad = nn.value_and_grad(run.policy.model, loss_fn)
+    tic, first, aux = time.perf_counter(), None, {}
+    for _ in range(cfg.rl.num_iterations):
+        grads, aux = None, {}
+        for mb in mbs:
+            (_, a), g = value_and_grad(run.policy.model, mb)
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            aux = a if not aux else {k: aux[k] + a[k] for k in aux}
+            mx.eval(grads, aux)
+        first = first or aux
+        norm = apply_update(run, grads, aux["loss"])
+    seconds = time.perf_counter() - tic
+    return update_metrics(aux, first, norm, run, sum(lengths) * cfg.rl.num_iterations, seconds)
+
+
+def apply_update(run: Run, grads: Any, loss: mx.array) -> float:
+    """Clip, check finiteness, step the optimizer. A non-finite loss or gradient is skipped."""
+    max_norm = run.cfg.training.max_grad_norm
+    if max_norm > 0:
+        grads, norm = optim.clip_grad_norm(grads, max_norm)
+    else:
+        norm = optim.clip_grad_norm(grads, math.inf)[1]
+    norm_v, loss_v = norm.item(), loss.item()
+    if not (math.isfinite(norm_v) and math.isfinite(loss_v)):
+        run.skipped += 1
+        return norm_v
+    run.optimizer.update(run.policy.model, grads)
+    mx.eval(run.policy.model.trainable_parameters(), run.optimizer.state)
+    return norm_v
+
+
+def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
+                       ) -> list[np.ndarray]:
+    """Log-probs of each completion under the frozen base (same weights, LoRA scale 0)."""
+    out: list[np.ndarray] = []
+    zeros = [0.0] * len(rollouts)
+    with lora_disabled(model):
+        for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size):
+            b = batching.build(rollouts[s], zeros[s], zeros[s])
+            logp, _ = token_logprobs(model, b["tokens"], cfg.generation.temperature)
+            logp = np.array(logp)
+            for i, r in enumerate(rollouts[s]):
+                start = len(r.prompt_tokens) - 1
+                out.append(logp[i, start: start + len(r.tokens)])
+    return out
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+def update_metrics(aux: dict, first: dict, norm: float, run: Run, tokens: int,
+                   seconds: float) -> dict[str, float]:
+    n = max(aux["tokens"].item(), 1.0)
+    m = {
+        "loss/total": aux["loss"].item(), "loss/policy": aux["pg"].item(),
+        "policy/entropy": aux["entropy"].item() / n, "policy/clipfrac": aux["clipped"].item() / n,
+        "policy/ratio_mean": aux["ratio"].item() / n, "policy/approx_kl": aux["approx_kl"].item() / n,
+        "kl/sample_train": first["approx_kl"].item() / max(first["tokens"].item(), 1.0),
+        "optim/grad_norm": norm, "optim/skipped": float(run.skipped),
+        "optim/lr": float(run.optimizer.learning_rate.item()),
+        "train/tokens": float(tokens), "train/tokens_per_sec": tokens / max(seconds, 1e-9),
+    }
+    if "kl" in aux:
+        m["kl/mean"] = aux["kl"].item() / n
+        m["loss/kl"] = aux["kl_loss"].item()
+    return m
+
+
+def step_metrics(rollouts: list[Rollout], rewards: list[Reward], adv: advantages.Advantages,
+                 keep: list[int]) -> dict[str, float]:
+    vals = np.array([r.value for r in rewards if r.value is not None], dtype=np.float64)
+    lens = np.array([len(r.tokens) for r in rollouts], dtype=np.float64)
+    m = {
+        "reward/mean": float(vals.mean()) if len(vals) else float("nan"),
+        "reward/std": float(vals.std()) if len(vals) else float("nan"),
+        "reward/min": float(vals.min()) if len(vals) else float("nan"),
+        "reward/max": float(vals.max()) if len(vals) else float("nan"),
+        "reward/frac_zero_std": adv.frac_zero_std,
+        "reward/frac_none": float(1 - adv.valid.mean()),
+        "gen/completion_len_mean": float(lens.mean()),
+        "gen/truncated_frac": float(np.mean([r.truncated for r in rollouts])),
+        "gen/diversity": len({r.text for r in rollouts}) / len(rollouts),
+        "train/sequences": float(len(keep)),
+    }
+    for name in {k for r in rewards for k in r.parts}:
+        parts = [r.parts.get(name) for r in rewards]
+        parts = [p for p in parts if p is not None]
+        if parts:
+            m[f"reward/part/{name}"] = float(np.mean(parts))
+    return m
+
+
+def sample_records(run: Run, rollouts: list[Rollout], rewards: list[Reward], adv: np.ndarray,
+                   split: str = "train") -> list[dict]:
+    step, n = run.state.step, run.cfg.logging.samples_per_step
+    return [{
+        "step": step, "task_id": r.task.id, "prompt": r.task.prompt, "language": r.task.language,
+        "completion": r.text, "reward": rw.value, "parts": dict(rw.parts),
+        "advantage": float(a), "reason": rw.reason, "rationale": rw.details.get("rationale"),
+        "truncated": r.truncated, "teacher_code": rw.details.get("teacher_code"),
+        "teacher_score": rw.details.get("teacher_score"), "split": split,
+    } for r, rw, a in list(zip(rollouts, rewards, adv, strict=True))[:n]]
+
+
+def _memory() -> dict[str, float]:
+    import psutil
+
+    return {"memory/mlx_peak_gb": mx.get_peak_memory() / 1e9,
+            "memory/rss_gb": psutil.Process().memory_info().rss / 1e9}
+
+
+# --- small pure helpers ----------------------------------------------------------------------------
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step * 7919 + 17) % (2**31)
+
+
+def _sampling(cfg: Config) -> SamplingParams:
+    return SamplingParams.from_config(cfg.generation)
+
+
+def _adapt_kl(cfg: Config, beta: float, kl: float | None, n: int) -> float:
+    """Ziegler et al.'s proportional controller: beta *= 1 + clip(kl/target - 1, +-0.2) n/H."""
+    if not cfg.rl.adaptive_kl or kl is None or beta == 0:
+        return beta
+    err = float(np.clip(kl / cfg.rl.kl_target - 1.0, -0.2, 0.2))
+    return beta * (1.0 + err * n / cfg.rl.kl_horizon)
+
+
+def make_optimizer(cfg: Config, total_updates: int) -> optim.Optimizer:
+    t = cfg.training
+    lr: Any = t.learning_rate
+    if t.lr_schedule == "cosine":
+        decay = max(total_updates - t.warmup_steps, 1)
+        lr = optim.cosine_decay(t.learning_rate, decay, t.learning_rate * t.min_lr_ratio)
+    if t.warmup_steps:
+        warm = optim.linear_schedule(t.learning_rate * 1e-3, t.learning_rate, t.warmup_steps)
+        after = lr if callable(lr) else (lambda _: mx.array(t.learning_rate))
+        lr = optim.join_schedules([warm, after], [t.warmup_steps])
+    return optim.AdamW(learning_rate=lr, weight_decay=t.weight_decay)
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+
+def prepare(cfg: Config, run_dir: Path, resume_from: Path | None):
+    """All checks that can fail on user input, before anything is written."""
+    from .config import check
+
+    check(cfg)
+    tasks = load_tasks(cfg.data.train_file, cfg.data.languages, cfg.data.max_tasks)
+    eval_tasks = load_tasks(cfg.data.eval_file, cfg.data.languages) if cfg.data.eval_file else []
+    if resume_from is None and checkpoint.list_checkpoints(run_dir):
+        raise ConfigError(f"output dir {run_dir} already holds a run: pass --resume to continue "
+                          "it or choose another --output-dir")
+    langs = {t.language for t in tasks + eval_tasks}
+    reward_fn = build_reward(cfg, run_dir, languages=langs)
+    return tasks, eval_tasks, reward_fn
+
+
+def total_steps(cfg: Config, n_tasks: int) -> int:
+    per_epoch = TaskOrder(n_tasks, cfg.training.seed).batches_per_epoch(cfg.training.batch_size)
+    total = per_epoch * cfg.training.num_epochs
+    return min(total, cfg.training.max_steps) if cfg.training.max_steps else total
+
+
+def train(cfg: Config, resume_from: Path | None = None, interactive: bool = False,
+          hub: Any = None) -> Path:
+    """Run (or resume) training; returns the run directory."""
+    run_dir = Path(cfg.training.output_dir)
+    tasks, eval_tasks, reward_fn = prepare(cfg, run_dir, resume_from)
+    policy = load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
+                         cfg.training.seed, cfg.model.trust_remote_code)
+    steps = total_steps(cfg, len(tasks))
+    optimizer = make_optimizer(cfg, steps * cfg.rl.num_iterations)
+    state = checkpoint.LoopState(kl_coef=cfg.rl.kl_penalty)
+    if resume_from is not None:
+        state = _restore(policy, optimizer, resume_from)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint.clean_partial(run_dir)
+    (run_dir / "config.yaml").write_text(dump(cfg))
+    run = Run(cfg, policy, reward_fn, optimizer, run_dir, state, prompt_formatter(
+        policy.tokenizer, cfg.model))
+    if hub is None:
+        from .metrics import MetricsHub
+
+        hub = MetricsHub.create(cfg.logging, run_dir, interactive, steps, _hparams(cfg),
+                                resume=resume_from is not None)
+    try:
+        loop(run, tasks, steps, hub)
+        if eval_tasks and run.stop is None:
+            from .evaluate import evaluate_tasks
+
+            res = evaluate_tasks(policy, eval_tasks, reward_fn, cfg, n=1)
+            hub.message(f"eval: mean reward {res['reward_mean']:.3f}, pass@1 {res['pass@1']:.3f}")
+    finally:
+        reward_fn.close()
+        hub.close()
+    return run_dir
+
+
+def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
+    cfg = run.cfg
+    order = TaskOrder(len(tasks), cfg.training.seed, cfg.data.shuffle)
+    P = cfg.training.batch_size
+    per_epoch = order.batches_per_epoch(P)
+    if run.state.baseline_reward is None and cfg.logging.baseline_eval_batches:
+        run.state = replace(run.state, baseline_reward=baseline(run, tasks, order))
+        hub.message(f"baseline reward: {run.state.baseline_reward:.4f}")
+    interrupted = _install_sigint()
+    while run.state.step < steps:
+        s = run.state
+        idx = order.batch(s.epoch, s.cursor, P)
+        try:
+            metrics, samples = rl_step(run, [tasks[i] for i in idx])
+        except TeacherError as e:
+            run.stop = str(e)
+            break
+        cursor = s.cursor + len(idx)
+        epoch_end = cursor >= len(tasks)
+        run.state = replace(run.state, epoch=s.epoch + epoch_end, cursor=0 if epoch_end else cursor)
+        run.state = _track_reward(run.state, metrics.get("reward/mean"))
+        run.timings["reward_recent"] = _ema(run.timings.get("reward_recent"),
+                                            metrics.get("reward/mean"))
+        metrics.update({"epoch": float(s.epoch + 1), "batch": float(s.cursor // P + 1)})
+        hub.log_step(run.state.step, metrics)
+        hub.log_samples(run.state.step, samples)
+        stop = getattr(run.reward_fn, "stop_reason", lambda: None)()
+        run.stop = stop or ("interrupted" if interrupted() else None)
+        if epoch_end:
+            hub.end_epoch(s.epoch + 1)
+        _maybe_save(run, hub, s.epoch + 1, s.cursor // P + 1, epoch_end, per_epoch)
+        if run.stop:
+            break
+    if run.stop:
+        hub.message(f"stopping: {run.stop}; checkpoint saved")
+        save(run, hub, checkpoint.checkpoint_name(run.state.epoch + 1, None, run.state.step,
+                                                  final=True))
+    elif steps and not _saved_at(run, run.state.step):
+        save(run, hub, checkpoint.checkpoint_name(0, None, run.state.step, final=True))
+
+
+def baseline(run: Run, tasks: list[Task], order: TaskOrder) -> float:
+    """Mean reward of the first N batches, sampled before any update."""
+    cfg, values = run.cfg, []
+    for b in range(cfg.logging.baseline_eval_batches):
+        idx = order.batch(0, b * cfg.training.batch_size, cfg.training.batch_size)
+        if not idx:
+            break
+        mx.random.seed(_step_seed(cfg.training.seed + 1, b))
+        rollouts, _ = sample(run.policy.model, run.policy.tokenizer, [tasks[i] for i in idx],
+                             _sampling(cfg), cfg.generation.num_samples_per_prompt, run.format)
+        rewards = run.reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
+        values += [r.value for r in rewards if r.value is not None]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def _track_reward(state: checkpoint.LoopState, reward: float | None) -> checkpoint.LoopState:
+    if reward is None or not math.isfinite(reward):
+        return state
+    best = reward if state.best_reward is None else max(state.best_reward, reward)
+    base = state.baseline_reward if state.baseline_reward is not None else reward
+    return replace(state, best_reward=best, baseline_reward=base)
+
+
+def _ema(prev: float | None, x: float | None, decay: float = 0.8) -> float | None:
+    if x is None or not math.isfinite(x):
+        return prev
+    return x if prev is None else decay * prev + (1 - decay) * x
+
+
+def _maybe_save(run: Run, hub: Any, epoch: int, batch: int, epoch_end: bool,
+                per_epoch: int) -> None:
+    t, step = run.cfg.training, run.state.step
+    if t.save_every_batches and step % t.save_every_batches == 0:
+        save(run, hub, checkpoint.checkpoint_name(epoch, batch, step))
+    elif epoch_end and t.save_every_epochs and epoch % t.save_every_epochs == 0:
+        save(run, hub, checkpoint.checkpoint_name(epoch, None, step))
+
+
+def _saved_at(run: Run, step: int) -> bool:
+    latest = checkpoint.latest_checkpoint(run.run_dir)
+    return latest is not None and checkpoint.checkpoint_step(latest) == step
+
+
+def save(run: Run, hub: Any, name: str) -> Path:
+    s = run.state
+    recent = run.timings.get("reward_recent")
+    gain = None if recent is None or s.baseline_reward is None else recent - s.baseline_reward
+    summary = {"epoch": s.epoch, "global_step": s.step, "cursor": s.cursor,
+               "baseline_reward": s.baseline_reward, "best_reward": s.best_reward,
+               "reward_gain_from_baseline": gain}
+    path = checkpoint.save_checkpoint(
+        run.run_dir, name, run.policy.model, adapter_config_for(run.policy), s, run.optimizer,
+        {"checkpoint_summary.json": summary, "training_stats.json": hub.stats()}, dump(run.cfg))
+    checkpoint.prune(run.run_dir, run.cfg.training.save_total_limit)
+    hub.message(f"saved {path}")
+    return path
+
+
+def _restore(policy: Policy, optimizer: optim.Optimizer, ckpt: Path) -> checkpoint.LoopState:
+    checkpoint.load_weights_into(policy.model, ckpt)
+    optimizer.init(policy.model.trainable_parameters())
+    checkpoint.load_optimizer_into(optimizer, ckpt)
+    mx.eval(policy.model.parameters(), optimizer.state)
+    return checkpoint.load_state(ckpt)
+
+
+def _install_sigint() -> Callable[[], bool]:
+    """First Ctrl-C: finish the step, save, stop. Second: stop at once."""
+    hit = {"n": 0}
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum: int, frame: Any) -> None:
+        hit["n"] += 1
+        if hit["n"] > 1:
+            signal.signal(signal.SIGINT, previous)
+            raise KeyboardInterrupt
+        print("\nCtrl-C: finishing this step, then saving a checkpoint (again to abort)",
+              flush=True)
+
+    try:
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        pass
+    return lambda: hit["n"] > 0
+
+
+def _hparams(cfg: Config) -> dict:
+    from .config import to_dict
+
+    flat: dict = {}
+
+    def walk(d: dict, prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict) and k != "criteria":
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+
+    walk(to_dict(cfg), "")
+    return flat
