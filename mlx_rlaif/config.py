@@ -182,8 +182,9 @@ class TeacherConfig:
     max_retries: int = opt(3, "SDK retries (429, 5xx, timeouts; retry-after honoured).", _nonneg)
     timeout_s: float = opt(60.0, "SDK timeout per request.", _pos)
     max_tokens: int = opt(512, "Most tokens the judge may answer with.", _pos)
-    temperature: float | None = opt(0.0, "Sampling temperature of the teacher (null: the "
-                                    "provider's default, for models that accept no other).",
+    temperature: float | None = opt(0.0, "Sampling temperature of an openai teacher (null: the "
+                                    "server's default, for models that accept no other). The "
+                                    "anthropic SDK takes none: the model's default applies.",
                                     lambda v: v is None or 0 <= v <= 2, "use 0..2 or null")
     structured_output: bool = opt(True, "Ask for structured answers (Anthropic tool use, OpenAI "
                                   "json_schema); turn off for servers that reject "
@@ -307,8 +308,17 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     return cls(**values)
 
 
+# names other tools use for our keys (TRL, mlx-lm-lora, the seed trainer)
+_SYNONYMS = {"kl_coef": "kl_penalty", "kl_coeff": "kl_penalty", "beta": "kl_penalty",
+             "lr": "learning_rate", "alpha": "scale", "lora_alpha": "scale", "r": "rank",
+             "num_generations": "num_samples_per_prompt", "group_size": "num_samples_per_prompt",
+             "max_tokens": "max_new_tokens", "max_completion_length": "max_new_tokens",
+             "epsilon": "clip_low", "epsilon_high": "clip_high", "model_path": "path"}
+
+
 def _unknown(key: str, known: list[str], prefix: str) -> str:
-    close = difflib.get_close_matches(key, known, n=1)
+    close = [_SYNONYMS[key]] if _SYNONYMS.get(key) in known else []
+    close = close or difflib.get_close_matches(key, known, n=1)
     fix = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(known)}"
     return f"unknown config key {prefix}{key}: {fix}"
 

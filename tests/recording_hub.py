@@ -1,0 +1,30 @@
+"""A metrics hub that records what the loop sends (the loop's side of the MetricsHub interface)."""
+
+from __future__ import annotations
+
+
+class RecordingHub:
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, dict]] = []
+        self.samples: list[dict] = []
+        self.messages: list[str] = []
+        self.epochs: list[int] = []
+
+    def log_step(self, step: int, metrics: dict) -> None:
+        self.steps.append((step, dict(metrics)))
+
+    def log_samples(self, step: int, samples: list[dict]) -> None:
+        self.samples.extend(samples)
+
+    def end_epoch(self, epoch: int) -> dict:
+        self.epochs.append(epoch)
+        return {}
+
+    def message(self, text: str) -> None:
+        self.messages.append(text)
+
+    def stats(self) -> dict:
+        return {"steps": len(self.steps)}
+
+    def close(self) -> str:
+        return ""

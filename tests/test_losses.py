@@ -1,0 +1,55 @@
+"""The objective's pieces against hand-computed numbers."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_rlaif.batch import aggregation_weights, chunks
+from mlx_rlaif.losses import clipped_surrogate, kl_estimate
+
+
+def test_kl_estimators():
+    logp, ref = mx.array([0.0]), mx.array([math.log(0.5)])
+    d = math.log(0.5)
+    assert kl_estimate(logp, ref, "k1").item() == pytest.approx(-d)  # 0.6931
+    assert kl_estimate(logp, ref, "k2").item() == pytest.approx(0.5 * d * d)  # 0.2402
+    assert kl_estimate(logp, ref, "k3").item() == pytest.approx(0.5 - d - 1)  # 0.1931
+    same = mx.array([-1.3])
+    for k in ("k1", "k2", "k3"):
+        assert kl_estimate(same, same, k).item() == 0.0
+
+
+@pytest.mark.parametrize(
+    "ratio, adv, loss, clipped",
+    [
+        (1.5, 1.0, -1.28, True),  # positive advantage, ratio above 1 + 0.28: clipped
+        (1.5, -1.0, 1.5, False),  # negative advantage: the pessimistic unclipped term wins
+        (0.5, 1.0, -0.5, False),
+        (0.5, -1.0, 0.8, True),  # negative advantage, ratio below 1 - 0.2: clipped
+        (1.1, 2.0, -2.2, False),  # inside the trust region
+    ],
+)
+def test_clipped_surrogate(ratio, adv, loss, clipped):
+    logp = mx.array([[math.log(ratio)]])
+    pg, r, c = clipped_surrogate(logp, mx.array([[0.0]]), mx.array([adv]), 0.2, 0.28)
+    assert pg.item() == pytest.approx(loss, rel=1e-5)
+    assert r.item() == pytest.approx(ratio, rel=1e-5)
+    assert bool(c.item()) is clipped
+
+
+def test_aggregation_weights():
+    assert aggregation_weights([2, 4], "token", 8) == pytest.approx([1 / 6, 1 / 6])
+    assert aggregation_weights([2, 4], "sequence", 8) == pytest.approx([1 / 4, 1 / 8])
+    assert aggregation_weights([2, 4], "constant", 8) == pytest.approx([1 / 16, 1 / 16])
+    # each aggregation sums to one over the batch except the constant divisor
+    w = np.array(aggregation_weights([2, 4], "sequence", 8))
+    assert (w * np.array([2, 4])).sum() == pytest.approx(1.0)
+
+
+def test_chunks():
+    assert chunks(5, 2) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    assert chunks(5, 0) == [slice(0, 5)]
