@@ -38,8 +38,10 @@ def fast_blas_active() -> bool:
     return "openblas" in preload.lower() or "mkl" in preload.lower()
 
 
-def maybe_reexec_with_fast_blas() -> None:
-    """On Linux, re-exec the current command once with an optimized BLAS preloaded."""
+def maybe_reexec_with_fast_blas(argv: list[str] | None = None) -> None:
+    """On Linux, re-exec the current command once with an optimized BLAS preloaded.
+
+    `argv` is the full command line to run again (default: `python -m mlx_rlaif.cli ARGS`)."""
     if not sys.platform.startswith("linux") or os.environ.get("MLX_RLAIF_FAST_BLAS") == "0":
         return
     if fast_blas_active() or os.environ.get(_GUARD):
@@ -54,4 +56,5 @@ def maybe_reexec_with_fast_blas() -> None:
     env.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "mlx_rlaif.cli", *sys.argv[1:]], env)
+    argv = argv or [sys.executable, "-m", "mlx_rlaif.cli", *sys.argv[1:]]
+    os.execve(sys.executable, argv, env)
