@@ -352,6 +352,11 @@ def _coerce(value: Any, tp: Any, dotted: str) -> Any:
             raise ConfigError(f"{dotted} must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{dotted} must be a number, got {value!r}")
         if not math.isfinite(value):

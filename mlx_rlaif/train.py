@@ -68,11 +68,12 @@ def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
     rewards = run.reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
     t2 = time.perf_counter()
     values = [rw.value for rw in rewards]
-    ref = None
+    ref, kl_seq = None, {}
     if beta > 0 and cfg.rl.kl_in_reward:
         ref = reference_logprobs(model, rollouts, cfg)
-        values = [None if v is None else v - beta * float(np.sum(np.subtract(r.logprobs, q)))
-                  for v, r, q in zip(values, rollouts, ref, strict=True)]
+        k1 = [np.subtract(r.logprobs, q) for r, q in zip(rollouts, ref, strict=True)]
+        values = [None if v is None else v - beta * float(k.sum()) for v, k in zip(values, k1)]
+        kl_seq = {"kl/mean": float(np.concatenate(k1).mean()) if k1 else 0.0}
     adv = advantages.compute(values, [r.task.id for r in rollouts], cfg.rl.advantage,
                              cfg.rl.scale, cfg.rl.whiten, cfg.rl.drop_zero_std,
                              run.state.reinforce_baseline, cfg.rl.reinforce_decay)
@@ -82,7 +83,7 @@ def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
         ref = reference_logprobs(model, [rollouts[i] for i in keep], cfg)
     elif ref is not None:
         ref = [ref[i] for i in keep]
-    upd = update(run, [rollouts[i] for i in keep], adv.values[keep], ref)
+    upd = {**update(run, [rollouts[i] for i in keep], adv.values[keep], ref), **kl_seq}
     t3 = time.perf_counter()
     run.state = replace(run.state, step=run.state.step + 1,
                         reinforce_baseline=adv.baseline,
@@ -108,6 +109,7 @@ def update(run: Run, rollouts: list[Rollout], adv: np.ndarray,
                       temperature=cfg.generation.temperature)
     value_and_grad = nn.value_and_grad(run.policy.model, loss_fn)
     tic, first, aux = time.perf_counter(), None, {}
+    run.policy.model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
     for _ in range(cfg.rl.num_iterations):
         grads, aux = None, {}
         for mb in mbs:
@@ -117,6 +119,7 @@ def update(run: Run, rollouts: list[Rollout], adv: np.ndarray,
             mx.eval(grads, aux)
         first = first or aux
         norm = apply_update(run, grads, aux["loss"])
+    run.policy.model.train(False)
     seconds = time.perf_counter() - tic
     return update_metrics(aux, first, norm, run, sum(lengths) * cfg.rl.num_iterations, seconds)
 

@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_defaults_and_overrides():
     cfg = load(None, ["rl.kl_penalty=0.05", "lora.keys=[self_attn.q_proj, self_attn.v_proj]",
-                      "generation.temperature=1", "logging.dashboard=false"])
+                      "generation.temperature=1", "logging.dashboard=false",
+                      "training.learning_rate=1e-4"])
+    assert cfg.training.learning_rate == 1e-4  # YAML 1.1 reads 1e-4 as a string
     assert cfg.rl.kl_penalty == 0.05
     assert cfg.lora.keys == ("self_attn.q_proj", "self_attn.v_proj")
     assert cfg.generation.temperature == 1.0 and isinstance(cfg.generation.temperature, float)

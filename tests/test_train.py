@@ -78,3 +78,51 @@ def test_checkpoint_retention_and_names(micro_model, prompts_file, tmp_path):
                     hub=RecordingHub())
     names = [p.name for p in checkpoint.list_checkpoints(run_dir)]
     assert names == ["checkpoint-e2-b1-gs4", "checkpoint-final-gs5"]
+
+
+@pytest.mark.parametrize("extra", [
+    ("rl.advantage=rloo", "rl.loss_agg=sequence", "rl.num_iterations=2"),
+    ("rl.advantage=reinforce", "rl.loss_agg=constant", "rl.whiten=true"),
+    ("rl.scale=batch", "rl.kl_estimator=k3", "training.micro_batch_size=2", "training.lr_schedule=cosine", "training.warmup_steps=1"),
+    ("rl.kl_penalty=0",),
+])
+def test_variants_run(micro_model, prompts_file, tmp_path, extra):
+    hub = RecordingHub()
+    train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=2", *extra),
+          hub=hub)
+    m = hub.steps[-1][1]
+    assert np.isfinite(m["loss/total"]) and m["optim/skipped"] == 0
+    if "rl.kl_penalty=0" in extra:
+        assert "kl/mean" not in m  # no reference forward at all
+
+
+def test_second_iteration_sees_the_ratio_move(micro_model, prompts_file, tmp_path):
+    hub = RecordingHub()
+    train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=1",
+               "rl.num_iterations=3", "training.learning_rate=0.05"), hub=hub)
+    m = hub.steps[-1][1]
+    assert m["kl/sample_train"] < 1e-5  # iteration 1: trainer == sampler
+    assert m["policy/approx_kl"] > m["kl/sample_train"]  # later iterations moved away
+
+
+def test_kl_in_reward_with_adaptive_controller(micro_model, prompts_file, tmp_path):
+    hub = RecordingHub()
+    train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=3",
+               "rl.kl_in_reward=true", "rl.adaptive_kl=true", "rl.kl_target=1e-6",
+               "rl.kl_horizon=10"), hub=hub)
+    coefs = [m["kl/coef"] for _, m in hub.steps]
+    assert coefs[0] == pytest.approx(0.1)
+    assert hub.steps[-1][1]["kl/mean"] > 0
+    # step 1: policy == base, KL 0 < target: beta * (1 - 0.2 * 6/10); then KL > target: raised
+    assert coefs[1] == pytest.approx(0.1 * (1 - 0.2 * 6 / 10))
+    assert coefs[2] == pytest.approx(coefs[1] * (1 + 0.2 * 6 / 10))
+
+
+def test_mask_truncated_leaves_cut_completions_out(micro_model, prompts_file, tmp_path):
+    hub = RecordingHub()
+    train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=1",
+               "rl.mask_truncated=true"), hub=hub)
+    m = hub.steps[-1][1]
+    # the random model never says EOS within 12 tokens: every completion is truncated
+    assert m["gen/truncated_frac"] == 1.0 and m["train/sequences"] == 0
+    assert "loss/total" not in m
