@@ -123,6 +123,6 @@ def test_mask_truncated_leaves_cut_completions_out(micro_model, prompts_file, tm
     train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=1",
                "rl.mask_truncated=true"), hub=hub)
     m = hub.steps[-1][1]
-    # the random model never says EOS within 12 tokens: every completion is truncated
-    assert m["gen/truncated_frac"] == 1.0 and m["train/sequences"] == 0
-    assert "loss/total" not in m
+    # P=2 x G=3 completions, all scorable, no zero-std drop: only the truncated ones are left out
+    assert m["gen/truncated_frac"] > 0
+    assert m["train/sequences"] == round(6 * (1 - m["gen/truncated_frac"]))
