@@ -1,0 +1,37 @@
+"""`mlx-rlaif export-peft`: a run's LoRA adapters in Hugging Face PEFT format
+(`adapter_model.safetensors` + `adapter_config.json`), for transformers/peft and vLLM.
+
+A pure renaming and transposition of the adapter tensors (see mlx_rlaif/export.py): the base
+model is not loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Export LoRA adapters in PEFT format (adapter_model.safetensors, Hugging Face names)."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="RUN_DIR|CHECKPOINT",
+                   help="A run directory (its newest checkpoint) or a checkpoint directory.")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="Where to write the PEFT adapter (must not exist or be empty).")
+    p.add_argument("--base-name", default=None, metavar="NAME",
+                   help="base_model_name_or_path to record, e.g. the hub id of the model "
+                        "(default: base_model from adapter_config.json).")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+
+    from .. import export
+
+    out = export.export_peft(args.path, args.out, args.base_name)
+    cfg = json.loads((out / export.PEFT_CONFIG).read_text())
+    Console(stderr=True).print(
+        f"[green]exported[/] PEFT adapter -> {out} (r={cfg['r']}, lora_alpha={cfg['lora_alpha']}, "
+        f"target_modules={','.join(cfg['target_modules'])}, base {cfg['base_model_name_or_path']})")
+    return 0
