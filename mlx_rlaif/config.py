@@ -143,21 +143,41 @@ class TrainingConfig:
     save_every_batches: int = opt(0, "Checkpoint every N steps (0: off).", _nonneg)
     save_every_epochs: int = opt(1, "Checkpoint at the end of every N epochs (0: off).", _nonneg)
     save_total_limit: int = opt(3, "Keep only the newest N checkpoints (0: keep all).", _nonneg)
+    save_mlx_model_bits: int = opt(0, "Also write each checkpoint's fused model to mlx_model/: "
+                                   "0 off, 16 unquantized, 4 or 8 quantized.",
+                                   lambda v: v in (0, 4, 8, 16), "use 0, 4, 8 or 16")
 
 
 @dataclass(frozen=True)
 class ExecConfig:
     sandbox: Literal["auto", "bwrap", "seatbelt", "process"] = opt(
         "auto", "Isolation: auto picks the strongest available (bwrap on Linux, seatbelt on macOS, "
-        "else process limits only).")
-    timeout_s: float = opt(5.0, "Wall-clock limit per run (the whole process group is killed).",
-                           _pos)
+        "else process limits only) and logs which at start.")
+    timeout_s: float = opt(5.0, "Wall-clock limit per sandboxed run (every process of the run is "
+                           "killed). One run answers all calls of a function task; a stdin/stdout "
+                           "task runs once per test.", _pos)
     cpu_s: int = opt(5, "CPU-time limit per run.", _pos)
-    memory_mb: int = opt(512, "Address-space limit per run.", _pos)
+    memory_mb: int = opt(512, "Address-space limit per process of a run.", _pos)
     max_output_kb: int = opt(64, "Output kept per run; the rest is dropped.", _pos)
-    workers: int = opt(0, "Sandboxed runs in parallel (0: number of cores).", _nonneg)
+    max_file_size_mb: int = opt(16, "Largest file a run may write (stdout and stderr included).",
+                                _pos)
+    max_open_files: int = opt(64, "Open-file limit per process of a run.", _pos)
+    max_processes: int = opt(16, "Processes and threads a run may have at once.", _pos)
+    build_timeout_s: float = opt(60.0, "Wall-clock limit for compiling one C++ or Rust solution.",
+                                 _pos)
+    build_memory_mb: int = opt(4096, "Address-space limit per compiler process.", _pos)
+    workers: int = opt(0, "Completions scored in parallel (0: number of cores).", _nonneg)
     build_weight: float = opt(0.1, "Weight of the builds/parses part of the exec reward.", _unit)
     tests_weight: float = opt(0.9, "Weight of the fraction-of-tests-passed part.", _unit)
+    python: str = opt("", "Python interpreter for student code (empty: the one running "
+                      "mlx-rlaif, or a system python3 the sandbox user can run).")
+    cpp_compiler: str = opt("", "C++ compiler (empty: g++, else clang++, on PATH).")
+    cpp_flags: tuple[str, ...] = opt(("-std=c++17", "-O1", "-pipe"), "C++ compiler flags.")
+    rust_flags: tuple[str, ...] = opt(("--edition", "2021", "-C", "opt-level=1"),
+                                      "rustc flags.")
+    uid_base: int = opt(64000, "When mlx-rlaif runs as root: student code runs as uids uid_base, "
+                        "uid_base + 1, ... (one per parallel slot; no account may use them).",
+                        _pos)
 
 
 @dataclass(frozen=True)

@@ -405,6 +405,11 @@ def save(run: Run, hub: Any, name: str) -> Path:
     path = checkpoint.save_checkpoint(
         run.run_dir, name, run.policy.model, adapter_config_for(run.policy), s, run.optimizer,
         {"checkpoint_summary.json": summary, "training_stats.json": hub.stats()}, dump(run.cfg))
+    bits = run.cfg.training.save_mlx_model_bits
+    if bits:
+        from .export import write_mlx_model
+
+        write_mlx_model(run.policy.model, run.policy.tokenizer, path, None if bits == 16 else bits)
     checkpoint.prune(run.run_dir, run.cfg.training.save_total_limit)
     hub.message(f"saved {path}")
     return path

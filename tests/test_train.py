@@ -126,3 +126,13 @@ def test_mask_truncated_leaves_cut_completions_out(micro_model, prompts_file, tm
     # P=2 x G=3 completions, all scorable, no zero-std drop: only the truncated ones are left out
     assert m["gen/truncated_frac"] > 0
     assert m["train/sequences"] == round(6 * (1 - m["gen/truncated_frac"]))
+
+
+def test_checkpoint_carries_a_fused_mlx_model_when_asked(micro_model, prompts_file, tmp_path):
+    from mlx_lm import load as mlx_load
+
+    run_dir = train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=1",
+                         "training.save_mlx_model_bits=8"), hub=RecordingHub())
+    fused = checkpoint.latest_checkpoint(run_dir) / "mlx_model"
+    model, _ = mlx_load(str(fused))
+    assert model.layers[0].self_attn.q_proj.bits == 8
