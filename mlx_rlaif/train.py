@@ -203,14 +203,14 @@ def step_metrics(rollouts: list[Rollout], rewards: list[Reward], adv: advantages
 
 def sample_records(run: Run, rollouts: list[Rollout], rewards: list[Reward], adv: np.ndarray,
                    split: str = "train") -> list[dict]:
-    step, n = run.state.step, run.cfg.logging.samples_per_step
+    step = run.state.step
     return [{
         "step": step, "task_id": r.task.id, "prompt": r.task.prompt, "language": r.task.language,
         "completion": r.text, "reward": rw.value, "parts": dict(rw.parts),
         "advantage": float(a), "reason": rw.reason, "rationale": rw.details.get("rationale"),
         "truncated": r.truncated, "teacher_code": rw.details.get("teacher_code"),
         "teacher_score": rw.details.get("teacher_score"), "split": split,
-    } for r, rw, a in list(zip(rollouts, rewards, adv, strict=True))[:n]]
+    } for r, rw, a in zip(rollouts, rewards, adv, strict=True)]
 
 
 def _memory() -> dict[str, float]:
@@ -319,6 +319,10 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
     if run.state.baseline_reward is None and cfg.logging.baseline_eval_batches:
         run.state = replace(run.state, baseline_reward=baseline(run, tasks, order))
         hub.message(f"baseline reward: {run.state.baseline_reward:.4f}")
+    if run.state.baseline_reward is not None:
+        hub.set_baseline(run.state.baseline_reward,
+                         f"baseline evaluation ({cfg.logging.baseline_eval_batches} batches)"
+                         if cfg.logging.baseline_eval_batches else "first step's reward")
     interrupted = _install_sigint()
     while run.state.step < steps:
         s = run.state

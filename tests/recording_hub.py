@@ -20,6 +20,9 @@ class RecordingHub:
         self.epochs.append(epoch)
         return {}
 
+    def set_baseline(self, value: float, source: str) -> None:
+        self.baseline = (value, source)
+
     def message(self, text: str) -> None:
         self.messages.append(text)
 

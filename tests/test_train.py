@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -136,3 +137,15 @@ def test_checkpoint_carries_a_fused_mlx_model_when_asked(micro_model, prompts_fi
     fused = checkpoint.latest_checkpoint(run_dir) / "mlx_model"
     model, _ = mlx_load(str(fused))
     assert model.layers[0].self_attn.q_proj.bits == 8
+
+
+def test_baseline_batches_are_scored_before_training(micro_model, prompts_file, tmp_path):
+    hub = RecordingHub()
+    run_dir = train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=1",
+                         "logging.baseline_eval_batches=2"), hub=hub)
+    value, source = hub.baseline
+    assert 0.0 <= value <= 1.0 and "2 batches" in source
+    summary = json.loads((checkpoint.latest_checkpoint(run_dir) / "checkpoint_summary.json"
+                          ).read_text())
+    assert summary["baseline_reward"] == pytest.approx(value)
+    assert summary["global_step"] == 1 and "reward_gain_from_baseline" in summary

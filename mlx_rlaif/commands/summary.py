@@ -1,0 +1,63 @@
+"""`mlx-rlaif summary RUN_DIR`: a run's batch or epoch metrics as a table, CSV and PNG curves."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from ..metrics import summary
+
+HELP = "Show a run's metrics (batches.jsonl / epochs.jsonl) as a table; export CSV or PNG curves."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run_dir",
+        type=Path,
+        metavar="RUN_DIR",
+        help="The run's output directory (training.output_dir).",
+    )
+    parser.add_argument(
+        "--type",
+        choices=("batch", "epoch"),
+        default="batch",
+        help="Per-step records (batch) or per-epoch aggregates (epoch).",
+    )
+    parser.add_argument(
+        "--tail",
+        type=int,
+        default=20,
+        metavar="N",
+        help="Show the last N records in the table (0: all). Default 20.",
+    )
+    parser.add_argument(
+        "--csv-out",
+        type=Path,
+        metavar="FILE",
+        help="Write all records (every key) to this CSV file.",
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="OUT.png",
+        help="Write reward, KL, loss and throughput curves to this PNG.",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    records = summary.load(args.run_dir, args.type)
+    console = Console()
+    if not console.is_terminal:  # a pipe or file: print the whole table, whatever its width
+        console = Console(width=1000)
+    shown = summary.tail(records, args.tail)
+    title = f"{args.run_dir} ({args.type}: {len(shown)} of {len(records)})"
+    console.print(summary.table(shown, args.type, title))
+    if args.csv_out:
+        summary.write_csv(records, args.csv_out)
+        console.print(f"wrote {len(records)} rows to {args.csv_out}")
+    if args.plot:
+        summary.plot(records, args.type, args.plot, title=str(args.run_dir))
+        console.print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,338 @@
+"""What the user watches: a live rich dashboard on a terminal, or one plain line per step.
+
+`Dashboard` keeps plain state under a lock; rich.live's own refresh thread renders it twice a
+second, so `step()` on the training thread only stores numbers (rendering stays off the hot path).
+It shows progress and ETA; reward mean, best, baseline and a sparkline trend; KL, loss, clip
+fraction, entropy; generation and training tokens/s and the step time split; memory; teacher
+calls, cost and cache hits (when a teacher runs); the latest completion with its scores, reason
+and rationale; the last health check. Messages and health lines print above the live panel, so
+they stay in the terminal's scrollback. `PlainPrinter` writes one line per
+`log_every` steps (step, reward, KL, loss, clip fraction, tokens/s) for pipes, CI and
+`logging.dashboard: false`.
+
+Not covered: keyboard input, scrolling through past completions, alternate-screen mode.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any, TextIO
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from .health import HealthReport
+from .stats import finite
+
+BARS = "▁▂▃▄▅▆▇█"
+HISTORY = 60
+COMPLETION_LINES = 8
+
+
+def sparkline(values: Sequence[float], width: int = HISTORY) -> str:
+    """Unicode bars scaled between the min and max of the last `width` values."""
+    vals = list(values)[-width:]
+    if not vals:
+        return ""
+    lo, hi = min(vals), max(vals)
+    if hi - lo < 1e-12:
+        return BARS[len(BARS) // 2] * len(vals)
+    top = len(BARS) - 1
+    return "".join(BARS[round((v - lo) / (hi - lo) * top)] for v in vals)
+
+
+def fmt(x: Any, spec: str = ".3f", none: str = "-") -> str:
+    v = finite(x)
+    return none if v is None else format(v, spec)
+
+
+def hms(seconds: float | None) -> str:
+    return "-" if seconds is None else str(timedelta(seconds=int(seconds)))
+
+
+@dataclass
+class DashboardState:
+    """Everything the dashboard shows; mutated only under `Dashboard._lock`."""
+
+    total_steps: int
+    started: float = field(default_factory=time.time)
+    first_step: int | None = None
+    step: int = 0
+    updated: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    rewards: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    best: float | None = None
+    baseline: float | None = None
+    ema: float | None = None
+    sample: dict[str, Any] | None = None
+    health: HealthReport | None = None
+
+    def eta(self, now: float) -> float | None:
+        """Seconds left: the mean time per step so far times the steps left, less the time
+        since the last step."""
+        if self.first_step is None or self.total_steps <= 0:
+            return None
+        per_step = (self.updated - self.started) / (self.step - self.first_step + 1)
+        return max(0.0, per_step * max(0, self.total_steps - self.step) - (now - self.updated))
+
+
+def _progress(s: DashboardState) -> RenderableType:
+    now = time.time()
+    total = max(s.total_steps, 1)
+    grid = Table.grid(expand=True, padding=(0, 1))
+    grid.add_column(ratio=1)
+    grid.add_column(no_wrap=True)
+    grid.add_row(
+        ProgressBar(total=total, completed=min(s.step, total)),
+        f"step {s.step}/{s.total_steps}  {s.step / total:.0%}  elapsed "
+        f"{hms(now - s.started)}  ETA {hms(s.eta(now))}",
+    )
+    return grid
+
+
+def _rows(s: DashboardState) -> list[tuple[str, str]]:
+    m = s.metrics
+    rows = [
+        (
+            "Reward",
+            f"mean [bold]{fmt(m.get('reward/mean'))}[/] ± {fmt(m.get('reward/std'))}  "
+            f"best {fmt(s.best)}  ema {fmt(s.ema)}  baseline {fmt(s.baseline)}",
+        ),
+        ("Trend", f"[cyan]{sparkline(list(s.rewards))}[/]"),
+        (
+            "KL",
+            f"{fmt(m.get('kl/mean'), '.4g')} (coef {fmt(m.get('kl/coef'), '.3g')}, "
+            f"sampler-trainer {fmt(m.get('kl/sample_train'), '.2g')})",
+        ),
+        (
+            "Loss",
+            f"{fmt(m.get('loss/total'), '.4g')} (policy {fmt(m.get('loss/policy'), '.4g')}, "
+            f"kl {fmt(m.get('loss/kl'), '.4g')})",
+        ),
+        (
+            "Policy",
+            f"clip frac {fmt(m.get('policy/clipfrac'))}  entropy "
+            f"{fmt(m.get('policy/entropy'))}  approx KL {fmt(m.get('policy/approx_kl'), '.3g')}"
+            f"  grad norm {fmt(m.get('optim/grad_norm'), '.3g')}",
+        ),
+        (
+            "Groups",
+            f"zero-std {fmt(m.get('reward/frac_zero_std'), '.0%')}  unscorable "
+            f"{fmt(m.get('reward/frac_none'), '.0%')}  truncated "
+            f"{fmt(m.get('gen/truncated_frac'), '.0%')}  length "
+            f"{fmt(m.get('gen/completion_len_mean'), '.0f')}  diversity "
+            f"{fmt(m.get('gen/diversity'), '.2f')}",
+        ),
+        (
+            "Throughput",
+            f"gen {fmt(m.get('gen/tokens_per_sec'), ',.1f')} tok/s  train "
+            f"{fmt(m.get('train/tokens_per_sec'), ',.1f')} tok/s  decode width "
+            f"{fmt(m.get('gen/decode_width'), '.0f')}",
+        ),
+        ("Step time", _time_split(m)),
+        (
+            "Memory",
+            f"MLX peak {fmt(m.get('memory/mlx_peak_gb'), '.2f')} GB  RSS "
+            f"{fmt(m.get('memory/rss_gb'), '.2f')} GB",
+        ),
+    ]
+    if any(k.startswith("teacher/") for k in m):
+        rows.append(
+            (
+                "Teacher",
+                f"calls {fmt(m.get('teacher/calls'), ',.0f')}  cache hits "
+                f"{fmt(m.get('teacher/cache_hits'), ',.0f')}  cost "
+                f"${fmt(m.get('teacher/cost_usd'), ',.4f')}  tokens in/out "
+                f"{fmt(m.get('teacher/input_tokens'), ',.0f')}/"
+                f"{fmt(m.get('teacher/output_tokens'), ',.0f')}  unscorable "
+                f"{fmt(m.get('teacher/unscorable'), ',.0f')}",
+            )
+        )
+    return rows
+
+
+def _time_split(m: Mapping[str, Any]) -> str:
+    step = finite(m.get("time/step"))
+    parts = [
+        (n, finite(m.get(f"time/{k}")))
+        for n, k in (("gen", "generate"), ("score", "score"), ("train", "train"))
+    ]
+    total = step or sum(v for _, v in parts if v is not None)
+    split = "  ".join(f"{n} {v / total:.0%}" for n, v in parts if v is not None and total)
+    return f"{fmt(step, '.2f')} s  {split}"
+
+
+def _metrics_table(s: DashboardState) -> RenderableType:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold blue", no_wrap=True)
+    grid.add_column()
+    for label, value in _rows(s):
+        grid.add_row(label, value)
+    return grid
+
+
+def _completion(sample: Mapping[str, Any]) -> RenderableType:
+    parts = sample.get("parts") or {}
+    scores = "  ".join(f"{k}={fmt(v, '.2f')}" for k, v in parts.items())
+    title = (
+        f"latest completion: {sample.get('task_id', '?')} ({sample.get('language', '?')})"
+        f"  reward {fmt(sample.get('reward'), none='None')}  adv "
+        f"{fmt(sample.get('advantage'), '+.2f')}"
+        + ("  [truncated]" if sample.get("truncated") else "")
+    )
+    lines = str(sample.get("completion") or "").strip("\n").splitlines()
+    body = Text(
+        "\n".join(lines[:COMPLETION_LINES]) + ("\n..." if len(lines) > COMPLETION_LINES else "")
+    )
+    extra = [Text(scores, style="cyan")] if scores else []
+    if sample.get("reason"):
+        extra.append(Text(f"reason: {sample['reason']}", style="dim"))
+    if sample.get("rationale"):
+        extra.append(Text(f"rationale: {sample['rationale']}", style="italic"))
+    return Panel(Group(body, *extra), title=Text(title), title_align="left", border_style="dim")
+
+
+def render(s: DashboardState) -> RenderableType:
+    """The whole dashboard for one state (pure: no I/O)."""
+    items: list[RenderableType] = [_progress(s), _metrics_table(s)]
+    if s.sample is not None:
+        items.append(_completion(s.sample))
+    if s.health is not None:
+        items.append(Text(s.health.line, style="green" if s.health.ok else "bold yellow"))
+    return Panel(Group(*items), title="mlx-rlaif", title_align="left", border_style="blue")
+
+
+class Dashboard:
+    """rich.live dashboard; all methods are cheap state updates except start/close."""
+
+    def __init__(self, total_steps: int, console: Console | None = None) -> None:
+        self._state = DashboardState(total_steps)
+        self._lock = threading.Lock()
+        self.console = console or Console()
+        self._live = Live(
+            console=self.console,
+            get_renderable=self._render,
+            refresh_per_second=2,
+            redirect_stdout=True,
+            redirect_stderr=True,
+        )
+
+    def start(self) -> None:
+        self._live.start()
+
+    def _render(self) -> RenderableType:
+        with self._lock:  # copy under the lock, render outside it: step() never waits on rich
+            snapshot = replace(self._state, rewards=deque(self._state.rewards))
+        return render(snapshot)
+
+    def restore(self, records: Sequence[Mapping[str, Any]]) -> None:
+        with self._lock:
+            self._state.rewards.extend(
+                x for r in records if (x := finite(r.get("reward/mean"))) is not None
+            )
+
+    def step(
+        self,
+        step: int,
+        metrics: Mapping[str, Any],
+        best: float | None,
+        ema: float | None,
+        baseline: float | None,
+    ) -> None:
+        with self._lock:
+            s = self._state
+            s.first_step = step if s.first_step is None else s.first_step
+            s.updated = time.time()
+            s.step, s.metrics, s.best, s.ema, s.baseline = step, dict(metrics), best, ema, baseline
+            if (r := finite(metrics.get("reward/mean"))) is not None:
+                s.rewards.append(r)
+
+    def samples(self, samples: Sequence[Mapping[str, Any]]) -> None:
+        if samples:
+            with self._lock:
+                self._state.sample = dict(samples[-1])
+
+    def health(self, report: HealthReport) -> None:
+        with self._lock:
+            self._state.health = report
+        self.console.print(report.line, markup=False, highlight=False)
+
+    def message(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False)
+
+    def close(self, summary: str) -> None:
+        if self._live.is_started:
+            self._live.stop()
+            self.console.print(summary, markup=False, highlight=False)
+
+
+class PlainPrinter:
+    """One line per `log_every` steps, plus messages and health lines, to a text stream."""
+
+    def __init__(self, total_steps: int, log_every: int, stream: TextIO | None = None) -> None:
+        self.total_steps, self.log_every = total_steps, log_every
+        self.stream = stream or sys.stdout
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def start(self) -> None:
+        pass
+
+    def restore(self, records: Sequence[Mapping[str, Any]]) -> None:
+        pass
+
+    def step(
+        self,
+        step: int,
+        metrics: Mapping[str, Any],
+        best: float | None,
+        ema: float | None,
+        baseline: float | None,
+    ) -> None:
+        if step % self.log_every == 0 or step == 1:
+            self._print(plain_line(step, self.total_steps, metrics))
+
+    def samples(self, samples: Sequence[Mapping[str, Any]]) -> None:
+        pass
+
+    def health(self, report: HealthReport) -> None:
+        self._print(report.line)
+
+    def message(self, text: str) -> None:
+        self._print(text)
+
+    def close(self, summary: str) -> None:
+        self._print(summary)
+
+
+PLAIN_FIELDS = (
+    ("reward", "reward/mean", ".4f"),
+    ("kl", "kl/mean", ".4g"),
+    ("loss", "loss/total", ".4g"),
+    ("clip", "policy/clipfrac", ".3f"),
+    ("gen tok/s", "gen/tokens_per_sec", ".1f"),
+    ("train tok/s", "train/tokens_per_sec", ".1f"),
+    ("step s", "time/step", ".2f"),
+)
+
+
+def plain_line(step: int, total: int, metrics: Mapping[str, Any]) -> str:
+    """`step 3/10 | reward 0.5000 | kl 0.0012 | ...`, leaving out keys the step did not send."""
+    head = f"step {step}/{total}" if total > 0 else f"step {step}"
+    parts = [
+        f"{name} {fmt(metrics.get(key), spec)}"
+        for name, key, spec in PLAIN_FIELDS
+        if finite(metrics.get(key)) is not None
+    ]
+    return " | ".join([head, *parts])

@@ -1,0 +1,157 @@
+"""Health checks every N batches, as the seed trainer printed them:
+
+    [HealthCheck] OK | e1 b10 | reward(mean=0.712, ema=0.690, bestN=0.801) | kl=0.0123 |
+    time(gen=78%, score=6%, train=16%) | gen(tok/s=5.6, div=0.83)
+
+(one line), with `WARN` and the issues appended when something looks wrong: no gain over the
+baseline, KL blow-up, all-zero-variance batches (no learning signal), low diversity, generation
+bottleneck, many unscorable completions, skipped (non-finite) updates.
+
+Covered: a pure function of the last N step dicts and the run's EMA/baseline. Not covered: acting
+on a warning (the run goes on; the user decides).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .stats import finite, mean
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    kl_max: float = 1.0
+    """Mean per-token KL to the base above this is a blow-up (usual targets are ~0.01-0.1)."""
+    min_diversity: float = 0.2
+    """gen/diversity (distinct completions per group) below this is low."""
+    max_gen_share: float = 0.9
+    """Generation taking more than this share of the step time is a bottleneck."""
+    max_none_frac: float = 0.5
+    """More than this share of unscorable completions (reward None) is a problem."""
+    gain_after_checks: int = 2
+    """Warn about no gain over the baseline only from this many checks on."""
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    step: int
+    ok: bool
+    line: str
+    issues: tuple[str, ...] = ()
+    values: Mapping[str, float | None] = field(default_factory=dict)
+
+    def record(self) -> dict:
+        return {
+            "step": self.step,
+            "ok": self.ok,
+            "issues": list(self.issues),
+            "line": self.line,
+            **self.values,
+        }
+
+
+def _col(window: Sequence[Mapping], key: str) -> list[float]:
+    return [x for r in window if (x := finite(r.get(key))) is not None]
+
+
+def time_split(window: Sequence[Mapping]) -> dict[str, float]:
+    """Share (0..1) of generate / score / train in the window's summed phase times."""
+    sums = {k: sum(_col(window, f"time/{k}")) for k in ("generate", "score", "train")}
+    total = sum(sums.values())
+    return {k: v / total for k, v in sums.items()} if total > 0 else {}
+
+
+def summarize(window: Sequence[Mapping], ema: float | None) -> dict[str, float | None]:
+    rewards = _col(window, "reward/mean")
+    return {
+        "reward_mean": mean(rewards),
+        "reward_ema": ema,
+        "reward_best_n": max(rewards) if rewards else None,
+        "kl_mean": mean(_col(window, "kl/mean")),
+        "kl_max": max(_col(window, "kl/mean"), default=None),
+        "gen_tokens_per_sec": mean(_col(window, "gen/tokens_per_sec")),
+        "diversity": mean(_col(window, "gen/diversity")),
+        "frac_none": mean(_col(window, "reward/frac_none")),
+        "skipped": sum(_col(window, "optim/skipped")),
+        **{f"time_{k}": v for k, v in time_split(window).items()},
+    }
+
+
+def issues(
+    window: Sequence[Mapping],
+    v: Mapping[str, float | None],
+    baseline: float | None,
+    checks_done: int,
+    th: Thresholds,
+) -> list[str]:
+    out = []
+    ema = v["reward_ema"]
+    if (
+        baseline is not None
+        and ema is not None
+        and checks_done >= th.gain_after_checks
+        and ema <= baseline
+    ):
+        out.append(f"no gain over baseline (ema {ema:.3f} <= baseline {baseline:.3f})")
+    if v["kl_max"] is not None and v["kl_max"] > th.kl_max:
+        out.append(f"KL blow-up (kl {v['kl_max']:.3g} > {th.kl_max:g})")
+    zero = _col(window, "reward/frac_zero_std")
+    if zero and len(zero) == len(window) and min(zero) >= 1.0:
+        out.append(f"all groups zero-variance for {len(zero)} batches (no learning signal)")
+    if v["diversity"] is not None and v["diversity"] < th.min_diversity:
+        out.append(f"low diversity ({v['diversity']:.2f} < {th.min_diversity:g})")
+    gen_share = v.get("time_generate")
+    if gen_share is not None and gen_share > th.max_gen_share:
+        out.append(f"generation bottleneck ({gen_share:.0%} of step time)")
+    if v["frac_none"] is not None and v["frac_none"] > th.max_none_frac:
+        out.append(f"many unscorable completions ({v['frac_none']:.0%})")
+    if v["skipped"]:
+        out.append(f"{v['skipped']:.0f} updates skipped (non-finite loss or gradient)")
+    return out
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def format_line(v: Mapping[str, float | None], where: str, problems: Sequence[str]) -> str:
+    parts = [
+        "[HealthCheck] " + ("WARN" if problems else "OK"),
+        where,
+        f"reward(mean={_fmt(v['reward_mean'])}, ema={_fmt(v['reward_ema'])}, "
+        f"bestN={_fmt(v['reward_best_n'])})",
+    ]
+    if v["kl_mean"] is not None:
+        parts.append(f"kl={v['kl_mean']:.4g}")
+    if "time_generate" in v:
+        parts.append(
+            f"time(gen={v['time_generate']:.0%}, score={v['time_score']:.0%}, "
+            f"train={v['time_train']:.0%})"
+        )
+    parts.append(
+        f"gen(tok/s={_fmt(v['gen_tokens_per_sec'], '.1f')}, div={_fmt(v['diversity'], '.2f')})"
+    )
+    if problems:
+        parts.append("; ".join(problems))
+    return " | ".join(parts)
+
+
+def check(
+    window: Sequence[Mapping],
+    step: int,
+    ema: float | None,
+    baseline: float | None,
+    checks_done: int = 0,
+    th: Thresholds = Thresholds(),
+) -> HealthReport:
+    """The health of the last N steps (`window`, each a step's metrics dict)."""
+    v = summarize(window, ema)
+    problems = issues(window, v, baseline, checks_done, th)
+    where = _where(window[-1] if window else {}, step)
+    return HealthReport(step, not problems, format_line(v, where, problems), tuple(problems), v)
+
+
+def _where(last: Mapping, step: int) -> str:
+    e, b = finite(last.get("epoch")), finite(last.get("batch"))
+    return f"e{int(e)} b{int(b)}" if e is not None and b is not None else f"step {step}"

@@ -1,0 +1,256 @@
+"""MetricsHub: the one object the training loop talks to. It receives plain numbers and records,
+keeps the rolling stats, runs the health checks, and fans everything out to the sinks:
+
+- JSONL (always): `batches.jsonl`, `epochs.jsonl`, `samples.jsonl`, `health.jsonl`;
+- TensorBoard (`logging.tensorboard`): `tensorboard/`;
+- the live dashboard (a terminal and `logging.dashboard`), else plain lines;
+- the collected dataset (`logging.collect_dataset`): `datasets/{split}.jsonl` + `README.md`.
+
+With `resume=True` files are appended to, and the stats (baseline, best reward, throughput,
+teacher totals) are rebuilt from the records of the steps before the first step logged.
+Not covered: rendering (dashboard.py), tags (tensorboard.py), the stats maths (stats.py).
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+from collections import deque
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from . import health, system
+from .dashboard import Dashboard, PlainPrinter
+from .dataset import DatasetWriter
+from .jsonl import JsonlWriter, last_per_key, read_jsonl
+from .stats import RunStats, finite
+from .tensorboard import TensorBoardSink
+
+
+def _now() -> str:
+    return datetime.now().isoformat(timespec="seconds")
+
+
+def plain_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics as plain Python numbers (numpy scalars become floats). Anything else, such
+    as an array, is a TypeError: it would hide a host sync in the sinks."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if value is None or type(value) in (int, float):
+            out[key] = value
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            out[key] = float(value)
+        else:
+            raise TypeError(
+                f"metric {key!r} is a {type(value).__name__}, not a plain number: convert it "
+                "with float(...) (or .item()) once per step before log_step"
+            )
+    return out
+
+
+def card_meta(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The few config values a dataset card names (model, reward, teacher, G), from the nested
+    config dict or its flattened `a.b` form."""
+
+    def get(path: str) -> Any:
+        if path in hparams:
+            return hparams[path]
+        node: Any = hparams
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        return node
+
+    keys = {
+        "model": "model.path",
+        "reward": "reward.type",
+        "teacher_provider": "reward.teacher.provider",
+        "teacher_model": "reward.teacher.model",
+        "samples_per_prompt": "generation.num_samples_per_prompt",
+    }
+    return {name: v for name, path in keys.items() if (v := get(path)) not in (None, "", "none")}
+
+
+class MetricsHub:
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: Path,
+        view: Dashboard | PlainPrinter,
+        tensorboard: TensorBoardSink | None,
+        dataset: DatasetWriter | None,
+        resume: bool,
+    ) -> None:
+        self.cfg, self.run_dir, self.view = cfg, run_dir, view
+        self.tb, self.dataset = tensorboard, dataset
+        self._prior = self._read_prior() if resume else None
+        self._baseline: tuple[float, str] | None = None
+        self._files = {
+            name: JsonlWriter(run_dir / f"{name}.jsonl", append=resume)
+            for name in ("batches", "epochs", "samples", "health")
+        }
+        self.run_stats = RunStats()
+        self._window: deque = deque(maxlen=cfg.health_check_interval_batches)
+        self._checks = 0
+        self._epoch_samples = 0
+        self._summary: str | None = None
+        self.view.start()  # last: nothing after it can fail and leave the terminal in live mode
+
+    @classmethod
+    def create(
+        cls,
+        cfg: Any,
+        run_dir: Path,
+        interactive: bool,
+        total_steps: int,
+        hparams: Mapping[str, Any],
+        resume: bool = False,
+    ) -> MetricsHub:
+        """`cfg` is the `logging` config section; `interactive`: stdout is a terminal."""
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tb = TensorBoardSink(run_dir / "tensorboard", hparams, resume) if cfg.tensorboard else None
+        ds = (
+            DatasetWriter(run_dir / "datasets", resume, card_meta(hparams))
+            if cfg.collect_dataset
+            else None
+        )
+        view: Dashboard | PlainPrinter = (
+            Dashboard(total_steps)
+            if interactive and cfg.dashboard
+            else PlainPrinter(total_steps, cfg.log_every, sys.stdout)
+        )
+        return cls(cfg, run_dir, view, tb, ds, resume)
+
+    # --- resume -----------------------------------------------------------------------------
+
+    def _read_prior(self) -> tuple[list[dict], list[dict]]:
+        return (
+            last_per_key(read_jsonl(self.run_dir / "batches.jsonl"), "step"),
+            last_per_key(read_jsonl(self.run_dir / "epochs.jsonl"), "epoch"),
+        )
+
+    def _replay(self, before_step: int) -> None:
+        """On the first call after a resume: rebuild the stats from the earlier records."""
+        if self._prior is None:
+            return
+        batches, epochs = self._prior
+        self._prior = None
+        self.run_stats = RunStats.replay(batches, epochs, before_step)
+        earlier = [r for r in batches if isinstance(r.get("step"), int) and r["step"] < before_step]
+        self._window.extend(earlier[-self._window.maxlen :])
+        self.view.restore(earlier)
+        if self._baseline is not None:
+            self.run_stats.set_baseline(*self._baseline)
+
+    # --- the loop's interface ---------------------------------------------------------------
+
+    def set_baseline(self, reward: float, source: str = "baseline evaluation") -> None:
+        """The reward before training (e.g. from `logging.baseline_eval_batches` batches scored
+        before the first update). Without it the first step's mean reward is the baseline.
+        A NaN (nothing could be scored) is ignored."""
+        if finite(reward) is None:
+            return
+        self._baseline = (float(reward), source)
+        self.run_stats.set_baseline(*self._baseline)
+
+    def log_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record one step's metrics (plain floats, namespaced keys). Cheap: no rendering."""
+        record = plain_metrics(metrics)
+        self._replay(step)
+        for key, value in system.snapshot().items():
+            record.setdefault(key, value)
+        self.run_stats.observe(step, record)
+        s = self.run_stats
+        if s.baseline is not None:
+            record["reward/baseline"] = s.baseline
+        record["elapsed_s"] = s.elapsed
+        self._files["batches"].write({"step": step, "timestamp": _now(), **record})
+        if self.tb is not None and (step % self.cfg.log_every == 0 or step == 1):
+            self.tb.step(step, record, s)
+        self.view.step(step, record, s.best_reward, s.reward_ema, s.baseline)
+        self._window.append(record)
+        if self.cfg.health_check_enabled and step % self.cfg.health_check_interval_batches == 0:
+            self._health(step)
+
+    def _health(self, step: int) -> None:
+        report = health.check(
+            list(self._window),
+            step,
+            self.run_stats.reward_ema,
+            self.run_stats.baseline,
+            self._checks,
+        )
+        self._checks += 1
+        self._files["health"].write({"timestamp": _now(), **report.record()})
+        self.view.health(report)
+
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        """Per-completion records: the first `samples_per_step` go to samples.jsonl, all of them
+        to the dataset; the last one shows in the dashboard."""
+        stamped = [{"step": step, "timestamp": _now(), **s} for s in samples]
+        self._files["samples"].write_many(stamped[: self.cfg.samples_per_step])
+        if self.dataset is not None:
+            self.dataset.add(stamped)
+        self._epoch_samples += sum(1 for s in samples if s.get("split", "train") == "train")
+        self.view.samples(stamped)
+
+    def end_epoch(self, epoch: int) -> dict[str, float]:
+        """Aggregate the steps since the previous epoch end; written to epochs.jsonl and
+        TensorBoard (Epoch/*). Returns the aggregate."""
+        self._replay(sys.maxsize)
+        agg = self.run_stats.end_epoch(epoch, self._epoch_samples)
+        self._epoch_samples = 0
+        self._files["epochs"].write({**agg, "timestamp": _now()})
+        if self.tb is not None:
+            self.tb.epoch(epoch, agg, self.run_stats)
+        self.view.message(epoch_line(agg))
+        return agg
+
+    def message(self, text: str) -> None:
+        self.view.message(text)
+
+    def stats(self) -> dict:
+        """Rolling stats for training_stats.json / checkpoint_summary.json."""
+        self._replay(sys.maxsize)
+        return self.run_stats.as_dict()
+
+    def close(self) -> str:
+        """Flush and close every sink, print the end-of-run summary and return its text."""
+        if self._summary is not None:
+            return self._summary
+        self._replay(sys.maxsize)
+        self._summary = self.run_stats.summary_text()
+        for f in self._files.values():
+            f.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.dataset is not None:
+            self.dataset.close()
+        self.view.close(self._summary)
+        return self._summary
+
+    def __enter__(self) -> MetricsHub:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def epoch_line(agg: Mapping[str, Any]) -> str:
+    """`epoch 1: 10 steps | reward 0.512 (trend +0.100) | loss 0.0341 | ...`"""
+    parts = [f"epoch {agg['epoch']}: {agg['steps']} steps"]
+    for key, template in (
+        ("reward/mean", "reward {:.4f}"),
+        ("reward/trend", "trend {:+.4f}"),
+        ("loss/total", "loss {:.4g}"),
+        ("kl/mean", "kl {:.4g}"),
+        ("num_samples", "samples {:.0f}"),
+        ("teacher/tokens", "teacher tokens {:,.0f}"),
+        ("teacher/cost_usd", "cost ${:.4f}"),
+    ):
+        x = finite(agg.get(key))
+        if x is not None:
+            parts.append(template.format(x))
+    return " | ".join(parts)

@@ -1,0 +1,117 @@
+"""JSON Lines files: the run's source of truth (`batches.jsonl`, `epochs.jsonl`, `samples.jsonl`,
+`health.jsonl`), written one flushed line per record and read back tolerantly.
+
+Covered: strict JSON out (NaN and infinities become null, so any JSON reader accepts the file),
+append on resume, reading that skips a torn last line left by a crash, and de-duplication of
+steps a resumed run did again (the later record wins). Not covered: rotation or compression.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import UsageError
+
+
+def clean(value: Any) -> Any:
+    """`value` with non-finite floats replaced by None, recursively (strict JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def dumps(record: Mapping[str, Any]) -> str:
+    """One JSON line (no newline), strict, keys in insertion order."""
+    return json.dumps(clean(record), ensure_ascii=False, allow_nan=False, default=str)
+
+
+class JsonlWriter:
+    """Appends records to one JSONL file; each line is flushed as it is written. The file is
+    created at the first record (so its existence means something was logged); without
+    `append` an older file of that name is removed at once."""
+
+    def __init__(self, path: Path, append: bool) -> None:
+        self.path = path
+        self._file: IO[str] | None = None
+        self._closed = False
+        if not append:
+            path.unlink(missing_ok=True)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self.write_many([record])
+
+    def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
+        text = "".join(dumps(r) + "\n" for r in records)
+        if not text or self._closed:
+            return
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._file.write(text)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write a whole file so that readers see the old or the new content, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """All records of a JSONL file. A torn last line (a crash mid-write) is skipped; a broken line
+    elsewhere is an error naming file:line."""
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: list[dict] = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                break
+            raise UsageError(
+                f"{path}:{i}: not valid JSON ({e.msg}): fix or delete that line"
+            ) from None
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def last_per_key(records: Iterable[dict], key: str) -> list[dict]:
+    """Keep the last record for each value of `key` (a resumed run repeats steps), in key order;
+    records without the key are kept in place."""
+    keyed: dict[Any, dict] = {}
+    loose: list[dict] = []
+    for r in records:
+        if r.get(key) is None:
+            loose.append(r)
+        else:
+            keyed[r[key]] = r
+    return sorted(keyed.values(), key=lambda r: r[key]) + loose

@@ -1,0 +1,190 @@
+"""A finished (or running) run's JSONL as a table, a CSV file and PNG curves, for
+`mlx-rlaif summary`.
+
+Covered: batch and epoch records (steps a resumed run did again appear once, the later record
+winning), a table of the last N records with the columns that exist, a CSV of every key, and a
+2x2 figure (reward with min/max band and baseline, KL, loss, throughput). matplotlib is imported
+only for the plot. Not covered: comparing several runs in one figure.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from ..errors import UsageError
+from .jsonl import atomic_write, last_per_key, read_jsonl
+from .stats import finite
+
+FILES = {"batch": ("batches.jsonl", "step"), "epoch": ("epochs.jsonl", "epoch")}
+
+COLUMNS = {
+    "batch": (
+        "step",
+        "epoch",
+        "batch",
+        "reward/mean",
+        "reward/std",
+        "reward/frac_zero_std",
+        "kl/mean",
+        "loss/total",
+        "policy/clipfrac",
+        "policy/entropy",
+        "gen/tokens_per_sec",
+        "train/tokens_per_sec",
+        "time/step",
+        "memory/mlx_peak_gb",
+        "teacher/cost_usd",
+    ),
+    "epoch": (
+        "epoch",
+        "steps",
+        "reward/mean",
+        "reward/variance",
+        "reward/trend",
+        "loss/total",
+        "loss/trend",
+        "kl/mean",
+        "policy/clipfrac",
+        "gen/tokens_per_sec",
+        "train/tokens_per_sec",
+        "num_samples",
+        "teacher/tokens",
+        "teacher/cost_usd",
+        "duration_s",
+    ),
+}
+
+
+def load(run_dir: Path, kind: str) -> list[dict]:
+    """The run's batch or epoch records, one per step/epoch (the last written wins)."""
+    name, key = FILES[kind]
+    path = Path(run_dir) / name
+    if not path.is_file():
+        raise UsageError(
+            f"{path} not found: pass a run directory (training.output_dir) that "
+            f"has {name}" + (" (epochs are written at each epoch end)" if kind == "epoch" else "")
+        )
+    return last_per_key(read_jsonl(path), key)
+
+
+def tail(records: Sequence[dict], n: int) -> list[dict]:
+    """The last n records (n <= 0: all)."""
+    return list(records[-n:]) if n > 0 else list(records)
+
+
+def columns(records: Sequence[Mapping], kind: str) -> list[str]:
+    present = {k for r in records for k in r}
+    return [c for c in COLUMNS[kind] if c in present]
+
+
+def cell(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "-" if value is None else str(value)
+    if isinstance(value, int):
+        return str(value)
+    x = finite(value)
+    if x is None:
+        return str(value)
+    return f"{x:.4g}" if abs(x) < 1e5 else f"{x:,.0f}"
+
+
+def table(records: Sequence[Mapping], kind: str, title: str = "") -> Table:
+    cols = columns(records, kind)
+    t = Table(title=title or None, header_style="bold")
+    for c in cols:
+        t.add_column(c.replace("/", "/\n"), justify="right", no_wrap=True)
+    for r in records:
+        t.add_row(*(cell(r.get(c)) for c in cols))
+    return t
+
+
+def csv_text(records: Sequence[Mapping]) -> str:
+    """Every key of every record as a column (first-seen order); missing cells are empty."""
+    keys: dict[str, None] = {}
+    for r in records:
+        keys.update(dict.fromkeys(r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(keys), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return buf.getvalue()
+
+
+def write_csv(records: Sequence[Mapping], path: Path) -> None:
+    atomic_write(Path(path), csv_text(records))
+
+
+def series(records: Sequence[Mapping], x_key: str, key: str) -> tuple[list[float], list[float]]:
+    pts = [
+        (x, y)
+        for r in records
+        if (x := finite(r.get(x_key))) is not None and (y := finite(r.get(key))) is not None
+    ]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+PANELS = (
+    ("Reward", ("reward/mean", "reward/baseline")),
+    ("KL to base (per token)", ("kl/mean", "kl/sample_train")),
+    ("Loss", ("loss/total", "loss/policy", "loss/kl")),
+    ("Throughput (tokens/s)", ("gen/tokens_per_sec", "train/tokens_per_sec")),
+)
+
+
+def plot(records: Sequence[Mapping], kind: str, path: Path, title: str = "") -> None:
+    """PNG curves of reward, KL, loss and throughput against step (or epoch)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+    except ImportError:
+        raise UsageError(
+            "--plot needs matplotlib: pip install matplotlib (or mlx-rlaif[dev])"
+        ) from None
+    x_key = FILES[kind][1]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    for ax, (name, keys) in zip(axes.flat, PANELS, strict=True):
+        for key in keys:
+            xs, ys = series(records, x_key, key)
+            if xs:
+                ax.plot(xs, ys, label=key, linestyle="--" if key.endswith("baseline") else "-")
+        if name == "Reward":
+            _band(ax, records, x_key)
+        ax.set_title(name)
+        ax.set_xlabel(x_key)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write(Path(path), buf.getvalue())
+
+
+def _band(ax: Any, records: Sequence[Mapping], x_key: str) -> None:
+    pts = [
+        (x, lo, hi)
+        for r in records
+        if (x := finite(r.get(x_key))) is not None
+        and (lo := finite(r.get("reward/min"))) is not None
+        and (hi := finite(r.get("reward/max"))) is not None
+    ]
+    if pts:
+        ax.fill_between(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            [p[2] for p in pts],
+            alpha=0.2,
+            label="min-max",
+        )
