@@ -224,7 +224,7 @@ class TeacherConfig:
 class RewardConfig:
     type: Literal["exec", "syntax", "teacher", "mix"] = opt(
         "exec", "exec: run tests in a sandbox; syntax: Python parses; teacher: rubric judge; "
-        "mix: weighted sum of exec and teacher.")
+        "mix: weighted mean of the exec and teacher values that are not None.")
     exec_weight: float = opt(0.5, "With type mix: weight of the exec reward.", _unit)
     teacher_weight: float = opt(0.5, "With type mix: weight of the teacher reward.", _unit)
     exec: ExecConfig = field(default_factory=ExecConfig)

@@ -1,8 +1,8 @@
 """Pick the reward function a config asks for.
 
 Imports are lazy so that a run with the exec reward never imports the teacher SDKs and vice
-versa. `check_reward(cfg)` runs the start-up checks (toolchains, API keys, SDKs) before any model
-loads; `build_reward(cfg, output_dir)` returns the RewardFn.
+versa. `build_reward(cfg, output_dir)` returns the RewardFn; constructing it runs the start-up
+checks (toolchains, API keys, SDKs), so the trainer calls it before any model loads.
 """
 
 from __future__ import annotations
