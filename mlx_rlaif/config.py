@@ -52,6 +52,10 @@ class ModelConfig:
     trust_remote_code: bool = opt(False, "Allow custom model code shipped with a hub model.")
     chat_template: bool = opt(True, "Wrap prompts in the tokenizer's chat template when it has one.")
     system_prompt: str = opt("", "Optional system message put before each prompt.")
+    backend: Literal["mlx", "torch"] = opt("mlx", "mlx (Apple silicon; CPU on Linux) or torch, "
+                                           "the fallback on transformers + PEFT for CUDA (then "
+                                           "MPS, CPU): pip install 'mlx-rlaif[cuda]'.")
+    device: str = opt("", "torch backend only: cuda, cuda:1, mps or cpu (empty: the best found).")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ Not covered: multi-device training, asynchronous (off-policy) rollouts, value mo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -53,26 +54,25 @@ class Run:
     skipped: int = 0
     stop: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    ops: Ops = field(default_factory=lambda: mlx_ops())
 
 
 # --- one step ------------------------------------------------------------------------------------
 
 
 def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
-    cfg, model = run.cfg, run.policy.model
-    G, beta = cfg.generation.num_samples_per_prompt, run.state.kl_coef
-    mx.random.seed(_step_seed(cfg.training.seed, run.state.step))
+    cfg, ops, beta = run.cfg, run.ops, run.state.kl_coef
     t0 = time.perf_counter()
-    rollouts, gen = sample(model, run.policy.tokenizer, tasks, _sampling(cfg), G, run.format)
+    rollouts, gen = ops.sample(run, tasks, _step_seed(cfg.training.seed, run.state.step))
     t1 = time.perf_counter()
     rewards = run.reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
     t2 = time.perf_counter()
     values = [rw.value for rw in rewards]
     ref, kl_seq = None, {}
     if beta > 0 and cfg.rl.kl_in_reward:
-        ref = reference_logprobs(model, rollouts, cfg)
+        ref = ops.reference(run, rollouts)
         k1 = [np.subtract(r.logprobs, q) for r, q in zip(rollouts, ref, strict=True)]
-        values = [None if v is None else v - beta * float(k.sum()) for v, k in zip(values, k1)]
+        values = [None if v is None else v - beta * float(k.sum()) for v, k in zip(values, k1, strict=True)]
         kl_seq = {"kl/mean": float(np.concatenate(k1).mean()) if k1 else 0.0}
     adv = advantages.compute(values, [r.task.id for r in rollouts], cfg.rl.advantage,
                              cfg.rl.scale, cfg.rl.whiten, cfg.rl.drop_zero_std,
@@ -80,10 +80,10 @@ def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
     keep = [i for i in range(len(rollouts)) if adv.keep[i]
             and not (cfg.rl.mask_truncated and rollouts[i].truncated)]
     if beta > 0 and not cfg.rl.kl_in_reward and keep:
-        ref = reference_logprobs(model, [rollouts[i] for i in keep], cfg)
+        ref = ops.reference(run, [rollouts[i] for i in keep])
     elif ref is not None:
         ref = [ref[i] for i in keep]
-    upd = {**update(run, [rollouts[i] for i in keep], adv.values[keep], ref), **kl_seq}
+    upd = {**ops.update(run, [rollouts[i] for i in keep], adv.values[keep], ref), **kl_seq}
     t3 = time.perf_counter()
     run.state = replace(run.state, step=run.state.step + 1,
                         reinforce_baseline=adv.baseline,
@@ -154,6 +154,72 @@ def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
                 start = len(r.prompt_tokens) - 1
                 out.append(logp[i, start: start + len(r.tokens)])
     return out
+
+
+# --- what differs between backends --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The backend-specific operations of a run, picked once from `model.backend`."""
+
+    load: Callable[[Config], Any]
+    optimizer: Callable[[Any, Config, int], Any]
+    sample: Callable[[Run, list[Task], int], tuple[list[Rollout], dict]]
+    reference: Callable[[Run, list[Rollout]], list[np.ndarray]]
+    update: Callable[[Run, list[Rollout], np.ndarray, Any], dict[str, float]]
+    save: Callable[[Run, str, dict], Path]
+    restore: Callable[[Any, Any, Path], checkpoint.LoopState]
+    mlx_model: Callable[[Run, Path], tuple[Any, Any]]  # an MLX model + tokenizer to export
+
+
+def mlx_ops() -> Ops:
+    def sample_(run: Run, tasks: list[Task], seed: int) -> tuple[list[Rollout], dict]:
+        mx.random.seed(seed)
+        return sample(run.policy.model, run.policy.tokenizer, tasks, _sampling(run.cfg),
+                      run.cfg.generation.num_samples_per_prompt, run.format)
+
+    def save_(run: Run, name: str, extra: dict) -> Path:
+        return checkpoint.save_checkpoint(run.run_dir, name, run.policy.model,
+                                          adapter_config_for(run.policy), run.state,
+                                          run.optimizer, extra, dump(run.cfg))
+
+    return Ops(
+        load=lambda cfg: load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
+                                     cfg.training.seed, cfg.model.trust_remote_code),
+        optimizer=lambda policy, cfg, n: make_optimizer(cfg, n), sample=sample_,
+        reference=lambda run, rs: reference_logprobs(run.policy.model, rs, run.cfg),
+        update=update, save=save_, restore=_restore,
+        mlx_model=lambda run, path: (run.policy.model, run.policy.tokenizer))
+
+
+def torch_ops() -> Ops:
+    """The CUDA fallback (backends/torch.py): the same loop on transformers + PEFT."""
+    from .backends import torch as tb
+    from .export import load_with_adapters
+
+    def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any) -> dict:
+        m, run.skipped = tb.update(run.policy, run.optimizer, rollouts, adv, ref, run.cfg,
+                                   run.state.kl_coef, run.skipped)
+        return m
+
+    return Ops(
+        load=lambda cfg: tb.load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
+                                        cfg.training.seed, cfg.model.trust_remote_code,
+                                        cfg.model.device or None),
+        optimizer=tb.make_optimizer,
+        sample=lambda run, tasks, seed: tb.sample(
+            run.policy, tasks, _sampling(run.cfg), run.cfg.generation.num_samples_per_prompt,
+            run.format, seed=seed),
+        reference=lambda run, rs: tb.reference_logprobs(run.policy, rs, run.cfg),
+        update=update_,
+        save=lambda run, name, extra: tb.save_checkpoint(
+            run.policy, run.optimizer, run.run_dir, name, run.state, extra, dump(run.cfg)),
+        restore=tb.restore,
+        mlx_model=lambda run, path: load_with_adapters(run.cfg.model.path, path)[:2])
+
+
+OPS: dict[str, Callable[[], Ops]] = {"mlx": mlx_ops, "torch": torch_ops}
 
 
 # --- metrics -------------------------------------------------------------------------------------
@@ -281,18 +347,18 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     """Run (or resume) training; returns the run directory."""
     run_dir = Path(cfg.training.output_dir)
     tasks, eval_tasks, reward_fn = prepare(cfg, run_dir, resume_from)
-    policy = load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
-                         cfg.training.seed, cfg.model.trust_remote_code)
+    ops = OPS[cfg.model.backend]()
+    policy = ops.load(cfg)
     steps = total_steps(cfg, len(tasks))
-    optimizer = make_optimizer(cfg, steps * cfg.rl.num_iterations)
+    optimizer = ops.optimizer(policy, cfg, steps * cfg.rl.num_iterations)
     state = checkpoint.LoopState(kl_coef=cfg.rl.kl_penalty)
     if resume_from is not None:
-        state = _restore(policy, optimizer, resume_from)
+        state = ops.restore(policy, optimizer, resume_from)
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint.clean_partial(run_dir)
     (run_dir / "config.yaml").write_text(dump(cfg))
-    run = Run(cfg, policy, reward_fn, optimizer, run_dir, state, prompt_formatter(
-        policy.tokenizer, cfg.model))
+    run = Run(cfg, policy, reward_fn, optimizer, run_dir, state,
+              prompt_formatter(policy.tokenizer, cfg.model), ops=ops)
     if hub is None:
         from .metrics import MetricsHub
 
@@ -363,9 +429,8 @@ def baseline(run: Run, tasks: list[Task], order: TaskOrder) -> float:
         idx = order.batch(0, b * cfg.training.batch_size, cfg.training.batch_size)
         if not idx:
             break
-        mx.random.seed(_step_seed(cfg.training.seed + 1, b))
-        rollouts, _ = sample(run.policy.model, run.policy.tokenizer, [tasks[i] for i in idx],
-                             _sampling(cfg), cfg.generation.num_samples_per_prompt, run.format)
+        rollouts, _ = run.ops.sample(run, [tasks[i] for i in idx],
+                                     _step_seed(cfg.training.seed + 1, b))
         rewards = run.reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
         values += [r.value for r in rewards if r.value is not None]
     return float(np.mean(values)) if values else float("nan")
@@ -406,14 +471,14 @@ def save(run: Run, hub: Any, name: str) -> Path:
     summary = {"epoch": s.epoch, "global_step": s.step, "cursor": s.cursor,
                "baseline_reward": s.baseline_reward, "best_reward": s.best_reward,
                "reward_gain_from_baseline": gain}
-    path = checkpoint.save_checkpoint(
-        run.run_dir, name, run.policy.model, adapter_config_for(run.policy), s, run.optimizer,
-        {"checkpoint_summary.json": summary, "training_stats.json": hub.stats()}, dump(run.cfg))
+    path = run.ops.save(run, name, {"checkpoint_summary.json": summary,
+                                    "training_stats.json": hub.stats()})
     bits = run.cfg.training.save_mlx_model_bits
     if bits:
         from .export import write_mlx_model
 
-        write_mlx_model(run.policy.model, run.policy.tokenizer, path, None if bits == 16 else bits)
+        model, tokenizer = run.ops.mlx_model(run, path)
+        write_mlx_model(model, tokenizer, path, None if bits == 16 else bits)
     checkpoint.prune(run.run_dir, run.cfg.training.save_total_limit)
     hub.message(f"saved {path}")
     return path
@@ -440,10 +505,8 @@ def _install_sigint() -> Callable[[], bool]:
         print("\nCtrl-C: finishing this step, then saving a checkpoint (again to abort)",
               flush=True)
 
-    try:
+    with contextlib.suppress(ValueError):  # not the main thread: no handler
         signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
-        pass
     return lambda: hit["n"] > 0
 
 
