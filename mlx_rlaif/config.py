@@ -11,6 +11,7 @@ never stored in a config).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -327,7 +328,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
             values[name] = _coerce(raw[name], tp, dotted)
             check = f.metadata.get("check")
             if check is not None and not check(values[name]):
-                hint = f.metadata.get("hint") or f"see the comment in configs/example.yaml"
+                hint = f.metadata.get("hint") or "see the comment in configs/example.yaml"
                 raise ConfigError(f"{dotted} = {values[name]!r} is out of range: {hint}")
     return cls(**values)
 
@@ -377,10 +378,8 @@ def _coerce(value: Any, tp: Any, dotted: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
-            try:
+            with contextlib.suppress(ValueError):
                 value = float(value)
-            except ValueError:
-                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{dotted} must be a number, got {value!r}")
         if not math.isfinite(value):

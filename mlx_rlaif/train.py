@@ -17,27 +17,22 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_map
 
 from . import advantages, checkpoint
-from . import batch as batching
-from .backends.mlx import Policy, adapter_config_for, load_policy, lora_disabled, token_logprobs
 from .config import Config, dump
 from .data import TaskOrder, load_tasks
 from .errors import ConfigError, TeacherError
-from .losses import rl_loss
+from .ops import OPS, Ops, mlx_ops
 from .records import Reward, Rollout, Task
 from .rewards.base import RewardFn
 from .rewards.build import build_reward
-from .rollout import SamplingParams, prompt_formatter, sample
+from .rollout import SamplingParams, prompt_formatter
+from .update import make_optimizer, reference_logprobs, update  # noqa: F401  (public API)
 
 
 @dataclass
@@ -45,9 +40,9 @@ class Run:
     """Everything a step needs. `state` is replaced (frozen LoopState) after each step."""
 
     cfg: Config
-    policy: Policy
+    policy: Any  # backends.mlx.Policy, or backends.torch.TorchPolicy
     reward_fn: RewardFn
-    optimizer: optim.Optimizer
+    optimizer: Any
     run_dir: Path
     state: checkpoint.LoopState
     format: Callable[[Task], list[int]]
@@ -95,152 +90,8 @@ def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
     return metrics, sample_records(run, rollouts, rewards, adv.values)
 
 
-def update(run: Run, rollouts: list[Rollout], adv: np.ndarray,
-           ref: list[np.ndarray] | None) -> dict[str, float]:
-    """`num_iterations` optimizer updates on the kept rollouts, micro-batched."""
-    cfg = run.cfg
-    if not rollouts:
-        return {"optim/skipped": float(run.skipped), "train/tokens": 0.0}
-    lengths = [len(r.tokens) for r in rollouts]
-    w = batching.aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens)
-    mbs = [batching.build(rollouts[s], adv[s], w[s], ref[s] if ref is not None else None)
-           for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size)]
-    loss_fn = partial(rl_loss, rl=cfg.rl, kl_coef=run.state.kl_coef,
-                      temperature=cfg.generation.temperature)
-    value_and_grad = nn.value_and_grad(run.policy.model, loss_fn)
-    tic, first, aux = time.perf_counter(), None, {}
-    run.policy.model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
-    for _ in range(cfg.rl.num_iterations):
-        grads, aux = None, {}
-        for mb in mbs:
-            (_, a), g = value_and_grad(run.policy.model, mb)
-            grads = g if grads is None else tree_map(mx.add, grads, g)
-            aux = a if not aux else {k: aux[k] + a[k] for k in aux}
-            mx.eval(grads, aux)
-        first = first or aux
-        norm = apply_update(run, grads, aux["loss"])
-    run.policy.model.train(False)
-    seconds = time.perf_counter() - tic
-    return update_metrics(aux, first, norm, run, sum(lengths) * cfg.rl.num_iterations, seconds)
-
-
-def apply_update(run: Run, grads: Any, loss: mx.array) -> float:
-    """Clip, check finiteness, step the optimizer. A non-finite loss or gradient is skipped."""
-    max_norm = run.cfg.training.max_grad_norm
-    if max_norm > 0:
-        grads, norm = optim.clip_grad_norm(grads, max_norm)
-    else:
-        norm = optim.clip_grad_norm(grads, math.inf)[1]
-    norm_v, loss_v = norm.item(), loss.item()
-    if not (math.isfinite(norm_v) and math.isfinite(loss_v)):
-        run.skipped += 1
-        return norm_v
-    run.optimizer.update(run.policy.model, grads)
-    mx.eval(run.policy.model.trainable_parameters(), run.optimizer.state)
-    return norm_v
-
-
-def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
-                       ) -> list[np.ndarray]:
-    """Log-probs of each completion under the frozen base (same weights, LoRA scale 0)."""
-    out: list[np.ndarray] = []
-    zeros = [0.0] * len(rollouts)
-    with lora_disabled(model):
-        for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size):
-            b = batching.build(rollouts[s], zeros[s], zeros[s])
-            logp, _ = token_logprobs(model, b["tokens"], cfg.generation.temperature)
-            logp = np.array(logp)
-            for i, r in enumerate(rollouts[s]):
-                start = len(r.prompt_tokens) - 1
-                out.append(logp[i, start: start + len(r.tokens)])
-    return out
-
-
-# --- what differs between backends --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Ops:
-    """The backend-specific operations of a run, picked once from `model.backend`."""
-
-    load: Callable[[Config], Any]
-    optimizer: Callable[[Any, Config, int], Any]
-    sample: Callable[[Run, list[Task], int], tuple[list[Rollout], dict]]
-    reference: Callable[[Run, list[Rollout]], list[np.ndarray]]
-    update: Callable[[Run, list[Rollout], np.ndarray, Any], dict[str, float]]
-    save: Callable[[Run, str, dict], Path]
-    restore: Callable[[Any, Any, Path], checkpoint.LoopState]
-    mlx_model: Callable[[Run, Path], tuple[Any, Any]]  # an MLX model + tokenizer to export
-
-
-def mlx_ops() -> Ops:
-    def sample_(run: Run, tasks: list[Task], seed: int) -> tuple[list[Rollout], dict]:
-        mx.random.seed(seed)
-        return sample(run.policy.model, run.policy.tokenizer, tasks, _sampling(run.cfg),
-                      run.cfg.generation.num_samples_per_prompt, run.format)
-
-    def save_(run: Run, name: str, extra: dict) -> Path:
-        return checkpoint.save_checkpoint(run.run_dir, name, run.policy.model,
-                                          adapter_config_for(run.policy), run.state,
-                                          run.optimizer, extra, dump(run.cfg))
-
-    return Ops(
-        load=lambda cfg: load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
-                                     cfg.training.seed, cfg.model.trust_remote_code),
-        optimizer=lambda policy, cfg, n: make_optimizer(cfg, n), sample=sample_,
-        reference=lambda run, rs: reference_logprobs(run.policy.model, rs, run.cfg),
-        update=update, save=save_, restore=_restore,
-        mlx_model=lambda run, path: (run.policy.model, run.policy.tokenizer))
-
-
-def torch_ops() -> Ops:
-    """The CUDA fallback (backends/torch.py): the same loop on transformers + PEFT."""
-    from .backends import torch as tb
-    from .export import load_with_adapters
-
-    def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any) -> dict:
-        m, run.skipped = tb.update(run.policy, run.optimizer, rollouts, adv, ref, run.cfg,
-                                   run.state.kl_coef, run.skipped)
-        return m
-
-    return Ops(
-        load=lambda cfg: tb.load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
-                                        cfg.training.seed, cfg.model.trust_remote_code,
-                                        cfg.model.device or None),
-        optimizer=tb.make_optimizer,
-        sample=lambda run, tasks, seed: tb.sample(
-            run.policy, tasks, _sampling(run.cfg), run.cfg.generation.num_samples_per_prompt,
-            run.format, seed=seed),
-        reference=lambda run, rs: tb.reference_logprobs(run.policy, rs, run.cfg),
-        update=update_,
-        save=lambda run, name, extra: tb.save_checkpoint(
-            run.policy, run.optimizer, run.run_dir, name, run.state, extra, dump(run.cfg)),
-        restore=tb.restore,
-        mlx_model=lambda run, path: load_with_adapters(run.cfg.model.path, path)[:2])
-
-
-OPS: dict[str, Callable[[], Ops]] = {"mlx": mlx_ops, "torch": torch_ops}
-
 
 # --- metrics -------------------------------------------------------------------------------------
-
-
-def update_metrics(aux: dict, first: dict, norm: float, run: Run, tokens: int,
-                   seconds: float) -> dict[str, float]:
-    n = max(aux["tokens"].item(), 1.0)
-    m = {
-        "loss/total": aux["loss"].item(), "loss/policy": aux["pg"].item(),
-        "policy/entropy": aux["entropy"].item() / n, "policy/clipfrac": aux["clipped"].item() / n,
-        "policy/ratio_mean": aux["ratio"].item() / n, "policy/approx_kl": aux["approx_kl"].item() / n,
-        "kl/sample_train": first["approx_kl"].item() / max(first["tokens"].item(), 1.0),
-        "optim/grad_norm": norm, "optim/skipped": float(run.skipped),
-        "optim/lr": float(run.optimizer.learning_rate.item()),
-        "train/tokens": float(tokens), "train/tokens_per_sec": tokens / max(seconds, 1e-9),
-    }
-    if "kl" in aux:
-        m["kl/mean"] = aux["kl"].item() / n
-        m["loss/kl"] = aux["kl_loss"].item()
-    return m
 
 
 def step_metrics(rollouts: list[Rollout], rewards: list[Reward], adv: advantages.Advantages,
@@ -303,19 +154,6 @@ def _adapt_kl(cfg: Config, beta: float, kl: float | None, n: int) -> float:
         return beta
     err = float(np.clip(kl / cfg.rl.kl_target - 1.0, -0.2, 0.2))
     return beta * (1.0 + err * n / cfg.rl.kl_horizon)
-
-
-def make_optimizer(cfg: Config, total_updates: int) -> optim.Optimizer:
-    t = cfg.training
-    lr: Any = t.learning_rate
-    if t.lr_schedule == "cosine":
-        decay = max(total_updates - t.warmup_steps, 1)
-        lr = optim.cosine_decay(t.learning_rate, decay, t.learning_rate * t.min_lr_ratio)
-    if t.warmup_steps:
-        warm = optim.linear_schedule(t.learning_rate * 1e-3, t.learning_rate, t.warmup_steps)
-        after = lr if callable(lr) else (lambda _: mx.array(t.learning_rate))
-        lr = optim.join_schedules([warm, after], [t.warmup_steps])
-    return optim.AdamW(learning_rate=lr, weight_decay=t.weight_decay)
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -482,14 +320,6 @@ def save(run: Run, hub: Any, name: str) -> Path:
     checkpoint.prune(run.run_dir, run.cfg.training.save_total_limit)
     hub.message(f"saved {path}")
     return path
-
-
-def _restore(policy: Policy, optimizer: optim.Optimizer, ckpt: Path) -> checkpoint.LoopState:
-    checkpoint.load_weights_into(policy.model, ckpt)
-    optimizer.init(policy.model.trainable_parameters())
-    checkpoint.load_optimizer_into(optimizer, ckpt)
-    mx.eval(policy.model.parameters(), optimizer.state)
-    return checkpoint.load_state(ckpt)
 
 
 def _install_sigint() -> Callable[[], bool]:

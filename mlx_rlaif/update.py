@@ -1,0 +1,133 @@
+"""The MLX update: micro-batched gradients of the RL loss, clipping, AdamW, the reference pass.
+
+`update(run, rollouts, adv, ref)` takes `num_iterations` optimizer steps on one rollout batch.
+Gradients of micro-batches are summed; the aggregation weights (batch.py) make the sum equal the
+whole-batch gradient. A non-finite loss or gradient norm skips the step and is counted. The
+reference log-probs come from the same weights with the LoRA scale at 0.
+
+Not covered: gradient checkpointing, mixed precision beyond what the model's dtype gives.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_map
+
+from . import batch as batching
+from . import checkpoint
+from .backends.mlx import Policy, lora_disabled, token_logprobs
+from .config import Config
+from .losses import rl_loss
+from .records import Rollout
+
+if TYPE_CHECKING:
+    from .train import Run
+
+
+def update(run: Run, rollouts: list[Rollout], adv: np.ndarray,
+           ref: list[np.ndarray] | None) -> dict[str, float]:
+    """`num_iterations` optimizer updates on the kept rollouts, micro-batched."""
+    cfg = run.cfg
+    if not rollouts:
+        return {"optim/skipped": float(run.skipped), "train/tokens": 0.0}
+    lengths = [len(r.tokens) for r in rollouts]
+    w = batching.aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens)
+    mbs = [batching.build(rollouts[s], adv[s], w[s], ref[s] if ref is not None else None)
+           for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size)]
+    loss_fn = partial(rl_loss, rl=cfg.rl, kl_coef=run.state.kl_coef,
+                      temperature=cfg.generation.temperature)
+    value_and_grad = nn.value_and_grad(run.policy.model, loss_fn)
+    tic, first, aux = time.perf_counter(), None, {}
+    run.policy.model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
+    for _ in range(cfg.rl.num_iterations):
+        grads, aux = None, {}
+        for mb in mbs:
+            (_, a), g = value_and_grad(run.policy.model, mb)
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            aux = a if not aux else {k: aux[k] + a[k] for k in aux}
+            mx.eval(grads, aux)
+        first = first or aux
+        norm = apply_update(run, grads, aux["loss"])
+    run.policy.model.train(False)
+    seconds = time.perf_counter() - tic
+    return update_metrics(aux, first, norm, run, sum(lengths) * cfg.rl.num_iterations, seconds)
+
+
+def apply_update(run: Run, grads: Any, loss: mx.array) -> float:
+    """Clip, check finiteness, step the optimizer. A non-finite loss or gradient is skipped."""
+    max_norm = run.cfg.training.max_grad_norm
+    if max_norm > 0:
+        grads, norm = optim.clip_grad_norm(grads, max_norm)
+    else:
+        norm = optim.clip_grad_norm(grads, math.inf)[1]
+    norm_v, loss_v = norm.item(), loss.item()
+    if not (math.isfinite(norm_v) and math.isfinite(loss_v)):
+        run.skipped += 1
+        return norm_v
+    run.optimizer.update(run.policy.model, grads)
+    mx.eval(run.policy.model.trainable_parameters(), run.optimizer.state)
+    return norm_v
+
+
+def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
+                       ) -> list[np.ndarray]:
+    """Log-probs of each completion under the frozen base (same weights, LoRA scale 0)."""
+    out: list[np.ndarray] = []
+    zeros = [0.0] * len(rollouts)
+    with lora_disabled(model):
+        for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size):
+            b = batching.build(rollouts[s], zeros[s], zeros[s])
+            logp, _ = token_logprobs(model, b["tokens"], cfg.generation.temperature)
+            logp = np.array(logp)
+            for i, r in enumerate(rollouts[s]):
+                start = len(r.prompt_tokens) - 1
+                out.append(logp[i, start: start + len(r.tokens)])
+    return out
+
+
+def update_metrics(aux: dict, first: dict, norm: float, run: Run, tokens: int,
+                   seconds: float) -> dict[str, float]:
+    n = max(aux["tokens"].item(), 1.0)
+    m = {
+        "loss/total": aux["loss"].item(), "loss/policy": aux["pg"].item(),
+        "policy/entropy": aux["entropy"].item() / n, "policy/clipfrac": aux["clipped"].item() / n,
+        "policy/ratio_mean": aux["ratio"].item() / n, "policy/approx_kl": aux["approx_kl"].item() / n,
+        "kl/sample_train": first["approx_kl"].item() / max(first["tokens"].item(), 1.0),
+        "optim/grad_norm": norm, "optim/skipped": float(run.skipped),
+        "optim/lr": float(run.optimizer.learning_rate.item()),
+        "train/tokens": float(tokens), "train/tokens_per_sec": tokens / max(seconds, 1e-9),
+    }
+    if "kl" in aux:
+        m["kl/mean"] = aux["kl"].item() / n
+        m["loss/kl"] = aux["kl_loss"].item()
+    return m
+
+
+def make_optimizer(cfg: Config, total_updates: int) -> optim.Optimizer:
+    t = cfg.training
+    lr: Any = t.learning_rate
+    if t.lr_schedule == "cosine":
+        decay = max(total_updates - t.warmup_steps, 1)
+        lr = optim.cosine_decay(t.learning_rate, decay, t.learning_rate * t.min_lr_ratio)
+    if t.warmup_steps:
+        warm = optim.linear_schedule(t.learning_rate * 1e-3, t.learning_rate, t.warmup_steps)
+        after = lr if callable(lr) else (lambda _: mx.array(t.learning_rate))
+        lr = optim.join_schedules([warm, after], [t.warmup_steps])
+    return optim.AdamW(learning_rate=lr, weight_decay=t.weight_decay)
+
+
+def restore(policy: Policy, optimizer: optim.Optimizer, ckpt: Path) -> checkpoint.LoopState:
+    checkpoint.load_weights_into(policy.model, ckpt)
+    optimizer.init(policy.model.trainable_parameters())
+    checkpoint.load_optimizer_into(optimizer, ckpt)
+    mx.eval(policy.model.parameters(), optimizer.state)
+    return checkpoint.load_state(ckpt)
