@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 from . import __version__
@@ -19,6 +20,13 @@ COMMANDS: dict[str, str] = {
     "train": "train",
     "eval": "evaluate",
     "score": "score",
+    "summary": "summary",
+    "export-dataset": "export_dataset",
+    "convert": "convert",
+    "fuse": "fuse",
+    "export-peft": "export_peft",
+    "validate": "validate",
+    "sft": "sft",
 }
 
 
@@ -37,11 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _setup_logging() -> None:
+    """Our own INFO lines (the sandbox chosen, ...) on stderr; other libraries only warn."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("mlx_rlaif")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from .blas import maybe_reexec_with_fast_blas
 
     maybe_reexec_with_fast_blas()
+    _setup_logging()
     parser = build_parser()
     if not argv:
         argv = ["train"]  # the embedded default: the quickstart

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mlx_rlaif.blas import maybe_reexec_with_fast_blas
+from mlx_rlaif.blas import fast_blas_active, find_fast_blas, maybe_reexec_with_fast_blas
+from mlx_rlaif.randmodel import make_model_dir
 
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -17,16 +19,10 @@ def pytest_configure(config: pytest.Config) -> None:
     OpenBLAS preloaded (40x faster matmuls) when it is installed. No-op on macOS and where it is
     already preloaded (see mlx_rlaif/blas.py)."""
     capture = config.pluginmanager.getplugin("capturemanager")
-    from mlx_rlaif.blas import fast_blas_active, find_fast_blas
-
     if sys.platform.startswith("linux") and not fast_blas_active() and find_fast_blas():
         if capture is not None:
             capture.stop_global_capturing()  # give the new process the real stdout/stderr
         maybe_reexec_with_fast_blas(list(sys.orig_argv))
-
-from mlx_rlaif.randmodel import make_model_dir
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")

@@ -8,13 +8,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from recording_hub import RecordingHub
 
 from mlx_rlaif import checkpoint
 from mlx_rlaif.config import load
 from mlx_rlaif.errors import ConfigError
 from mlx_rlaif.train import train
-
-from recording_hub import RecordingHub
 
 
 def _cfg(model: Path, tasks: Path, out: Path, *extra: str):

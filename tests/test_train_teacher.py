@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_api import Fail, FakeAPI
+from fake_api import FakeAPI
 from recording_hub import RecordingHub
 
 from mlx_rlaif import checkpoint

@@ -1,0 +1,117 @@
+"""`mlx-rlaif score`: score completions from a JSONL file with a reward; no model is loaded.
+
+Each input line is a task record (the fields of a task line: `prompt`, `language`, `entry_point`,
+`test`, `tests`, ...; `id` optional) plus `completion`. Each output line is the input plus
+`reward` (a number, or null when the completion could not be scored), `parts`, `reason` and
+`details`. The reward comes from the config (`reward.type`, default exec) or the flags:
+`--reward`, and `--teacher/--base-url/--model`, which only set `reward.type=teacher` and
+`reward.teacher.provider/base_url/model`. The output file is written whole or not at all.
+
+Not covered: streaming files larger than memory (every line is scored in one batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError, UsageError
+
+HELP = "Score completions (task record + completion per JSONL line) with the exec or a teacher reward."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--file", required=True, metavar="IN.jsonl",
+                   help="Task records with a `completion` field, one JSON object per line.")
+    p.add_argument("--out", default=None, metavar="OUT.jsonl",
+                   help="Where to write the scored lines (default: standard output).")
+    p.add_argument("--reward", choices=("exec", "syntax", "teacher", "mix"), default=None,
+                   help="Scorer (default: the config's reward.type, or teacher with --teacher).")
+    p.add_argument("--teacher", choices=("anthropic", "openai"), default=None,
+                   help="Teacher API that grades the completions (key from the environment).")
+    p.add_argument("--base-url", default=None, help="Base URL of an OpenAI-compatible teacher.")
+    p.add_argument("--model", default=None, help="Teacher model name.")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="YAML config to take the reward settings from.")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="Override a config value, e.g. --set reward.exec.timeout_s=10 (repeatable).")
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The `--set` items the flags stand for, before the user's own `--set` items."""
+    reward = args.reward or ("teacher" if args.teacher else None)
+    if args.teacher and reward not in ("teacher", "mix"):
+        raise UsageError(f"--teacher needs --reward teacher or mix, not {reward}")
+    sets = [f"reward.type={reward}"] if reward else []
+    for key, value in (("provider", args.teacher), ("base_url", args.base_url),
+                       ("model", args.model)):
+        if value:
+            sets.append(f"reward.teacher.{key}={value}")
+    return [*sets, *args.overrides]
+
+
+def read_scoring_input(path: str) -> tuple[list[dict], list, list[str]]:
+    """(records, tasks, completions) of a scoring file; DataError names file:line."""
+    from ..data import read_jsonl, task_from_record
+
+    records, tasks, completions = [], [], []
+    for where, rec in read_jsonl(path):
+        completion = rec.get("completion")
+        if not isinstance(completion, str):
+            raise DataError(f"{where}: missing 'completion' (the text to score, a string)")
+        task_rec = {k: v for k, v in rec.items() if k != "completion"}
+        records.append(rec)
+        tasks.append(task_from_record(task_rec, where))
+        completions.append(completion)
+    if not records:
+        raise DataError(f"{path}: no lines to score")
+    return records, tasks, completions
+
+
+def scored_line(rec: dict, reward: Any) -> str:
+    out = {**rec, "reward": reward.value, "parts": dict(reward.parts), "reason": reward.reason,
+           "details": dict(reward.details)}
+    return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def write_atomic(path: str, lines: list[str]) -> None:
+    """Write all lines to `path` through a temp file in the same directory and os.replace."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in lines)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import check, load
+    from ..rewards.build import build_reward
+
+    cfg = check(load(args.config, overrides(args)))
+    records, tasks, completions = read_scoring_input(args.file)
+    reward_fn = build_reward(cfg, None, languages={t.language for t in tasks})
+    try:
+        rewards = reward_fn.score(tasks, completions)
+    finally:
+        reward_fn.close()
+    lines = [scored_line(r, w) for r, w in zip(records, rewards, strict=True)]
+    if args.out:
+        write_atomic(args.out, lines)
+    else:
+        sys.stdout.writelines(line + "\n" for line in lines)
+    scored = [w.value for w in rewards if w.value is not None]
+    mean = f"{sum(scored) / len(scored):.4f}" if scored else "n/a"
+    print(f"scored {len(scored)}/{len(rewards)} completions with {cfg.reward.type}: mean reward "
+          f"{mean}, {len(rewards) - len(scored)} unscorable"
+          + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
+    return 0
