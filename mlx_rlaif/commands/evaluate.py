@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     reward_fn = build_reward(cfg, languages={t.language for t in tasks})
     policy = load_policy(args.model, cfg.lora, args.adapter, args.seed)
     temp = args.temperature if args.temperature is not None else (0.7 if args.n > 1 else 0.2)
-    ks = [k for k in (1, 5, 10, 100) if k <= args.n]
+    ks = sorted({1, args.n} | {k for k in (5, 10, 100) if k <= args.n})
     try:
         res = evaluate_tasks(policy, tasks, reward_fn, cfg, n=args.n, ks=ks, seed=args.seed,
                              temperature=temp, out=args.out)
