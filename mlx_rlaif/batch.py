@@ -1,8 +1,12 @@
 """Rollouts -> padded MLX arrays, and the aggregation weights that make the loss divisor global.
 
-A row is prompt + completion, right-padded to a multiple of `pad_to` (so compiled or cached
-shapes repeat). Target position j predicts tokens[j + 1]; the completion's targets are the
-positions [len(prompt) - 1, len(prompt) - 1 + len(completion)).
+A row is prompt + completion, right-padded to a multiple of `pad_to` (default 8). Padding is
+computed like any other position and the update is not `mx.compile`d (so shapes need not repeat):
+a wide multiple such as mlx-lm's 32 only adds work, 8 keeps shapes SIMD-friendly and wastes at
+most 7 positions per row (BENCHMARKS.md measures 32 vs 8, and compiling).
+
+Target position j predicts tokens[j + 1]; the completion's targets are the positions
+[len(prompt) - 1, len(prompt) - 1 + len(completion)).
 
     token     w = mask / (completion tokens in the whole batch)             (DAPO, default)
     sequence  w = mask / (len(completion) * sequences in the batch)          (GRPO)
@@ -40,7 +44,7 @@ def aggregation_weights(lengths: Sequence[int], agg: str, max_new_tokens: int) -
 
 def build(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Sequence[float],
           ref_logprobs: Sequence[Sequence[float]] | None = None,
-          pad_to: int = 32) -> dict[str, mx.array]:
+          pad_to: int = 8) -> dict[str, mx.array]:
     """Arrays for a set of rows: tokens [N, T+1]; mask, weights, old_logp (and ref_logp) [N, T];
     adv [N]. `ref_logprobs[i]` are the reference log-probs of rollout i's completion tokens."""
     rows = [list(r.prompt_tokens) + list(r.tokens) for r in rollouts]

@@ -2,8 +2,10 @@
 
 The `mlx[cpu]` Linux wheel bundles the reference BLAS (netlib, unblocked: about 2-5 GFLOP/s for a
 large fp32 matmul). MLX resolves `cblas_sgemm` & co. dynamically, so preloading an optimized BLAS
-with the same ABI (Debian's `libopenblas0-pthread`) makes the same matmul 40-50x faster.
-`LD_PRELOAD` only acts when a process starts, so the CLI re-executes itself once with it set.
+with the same ABI (Debian's `libopenblas0-pthread`) makes the same matmul 10-20x faster on 2 cores
+(BENCHMARKS.md has the figures, and tests/test_blas.py checks the results agree). `LD_PRELOAD`
+only acts when a process starts, so the CLI (and the test suite's conftest) re-executes itself
+once with it set; `fast_blas_env()` gives the same environment to any other child process.
 
 Covered: Linux, an OpenBLAS found at a known path or in $MLX_RLAIF_BLAS. Not covered: macOS
 (MLX uses Metal and Accelerate there: nothing to do), other BLAS vendors. Opt out with
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 CANDIDATES = (
@@ -33,27 +36,45 @@ def find_fast_blas() -> str | None:
     return next((c for c in CANDIDATES if Path(c).is_file()), None)
 
 
-def fast_blas_active() -> bool:
-    preload = os.environ.get("LD_PRELOAD", "")
-    return "openblas" in preload.lower() or "mkl" in preload.lower()
+def fast_blas_active(env: Mapping[str, str] | None = None) -> bool:
+    preload = (os.environ if env is None else env).get("LD_PRELOAD", "").lower()
+    return "openblas" in preload or "mkl" in preload
+
+
+def fast_blas_env(env: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """A copy of `env` (default: os.environ) with the optimized BLAS preloaded, or None where
+    there is nothing to do (not Linux, opted out, no OpenBLAS found)."""
+    env = dict(os.environ if env is None else env)
+    if not sys.platform.startswith("linux") or env.get("MLX_RLAIF_FAST_BLAS") == "0":
+        return None
+    if fast_blas_active(env):
+        return env
+    lib = find_fast_blas()
+    if lib is None:
+        return None
+    env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else lib
+    env.setdefault("OPENBLAS_NUM_THREADS", str(default_threads()))
+    return env
+
+
+def default_threads(cpus: int | None = None) -> int:
+    """OpenBLAS threads: half the cores, at least 1. Python drives the decode loop and MLX's
+    stream thread calls BLAS, so a pool as wide as the machine oversubscribes it: on 2 shared
+    cores 1 thread was as fast or faster than 2 for every matmul, forward/backward and RL step
+    measured (BENCHMARKS.md). Wider machines are untested: set OPENBLAS_NUM_THREADS to override."""
+    return max(1, (cpus or os.cpu_count() or 2) // 2)
 
 
 def maybe_reexec_with_fast_blas(argv: list[str] | None = None) -> None:
     """On Linux, re-exec the current command once with an optimized BLAS preloaded.
 
     `argv` is the full command line to run again (default: `python -m mlx_rlaif.cli ARGS`)."""
-    if not sys.platform.startswith("linux") or os.environ.get("MLX_RLAIF_FAST_BLAS") == "0":
-        return
     if fast_blas_active() or os.environ.get(_GUARD):
         return
-    lib = find_fast_blas()
-    if lib is None:
+    env = fast_blas_env()
+    if env is None:
         return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else lib
     env[_GUARD] = "1"
-    # OpenBLAS's own threads would fight MLX's; one pool is enough on a laptop-sized CPU.
-    env.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))
     sys.stdout.flush()
     sys.stderr.flush()
     argv = argv or [sys.executable, "-m", "mlx_rlaif.cli", *sys.argv[1:]]

@@ -20,10 +20,12 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from .losses import logprobs_and_entropy
 from .records import Rollout, Task
 
 
@@ -71,13 +73,24 @@ def _prefill(model: nn.Module, prompt: list[int]) -> list[Any]:
     return cache
 
 
-def _tempered_logprobs(rows: list[mx.array], tokens: list[int], temperature: float) -> mx.array:
-    """log softmax(logits / T)[token] from the generator's normalized log-prob rows. [n]"""
+def _step_logprobs(rows: list[mx.array], tokens: list[int], temperature: float
+                   ) -> list[float] | mx.array:
+    """log softmax(logits / T)[token] for one decode step, from the generator's rows (already
+    log softmax(logits), evaluated). [n]
+
+    At T = 1 the value is read from the rows through numpy views: no device op, no sync, no copy
+    of the [n, V] rows (a float list). Otherwise, and for bfloat16 rows that numpy cannot view,
+    one lazy array for the caller to evaluate asynchronously."""
+    if temperature == 1.0:
+        try:
+            return [float(np.asarray(r)[t]) for r, t in zip(rows, tokens, strict=True)]
+        except (ValueError, TypeError, RuntimeError):  # bfloat16 has no buffer format
+            pass
     lp = mx.stack(rows).astype(mx.float32)  # [n, V]
-    if temperature != 1.0:
-        lp = lp / temperature
-    picked = mx.take_along_axis(lp, mx.array(tokens)[:, None], axis=-1)[:, 0]
-    return picked - mx.logsumexp(lp, axis=-1)
+    idx = mx.array(tokens)
+    if temperature == 1.0:
+        return mx.take_along_axis(lp, idx[:, None], axis=-1)[:, 0]
+    return logprobs_and_entropy(lp, idx, temperature)[0]  # entropy is lazy: never computed
 
 
 def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
@@ -102,7 +115,7 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
         uids = gen.insert([list(p) for p in prompts_P for _ in range(group_size)])
     slot = {uid: i for i, uid in enumerate(uids)}
     tokens: list[list[int]] = [[] for _ in range(n)]
-    pending: list[tuple[list[int], mx.array]] = []
+    pending: list[tuple[list[int], list[float] | mx.array]] = []
     finish = ["length"] * n
     widths: list[int] = []
     try:
@@ -110,8 +123,9 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
             widths.append(len(responses))
             idx = [slot[r.uid] for r in responses]
             toks = [int(r.token) for r in responses]
-            lp = _tempered_logprobs([r.logprobs for r in responses], toks, params.temperature)
-            mx.async_eval(lp)
+            lp = _step_logprobs([r.logprobs for r in responses], toks, params.temperature)
+            if isinstance(lp, mx.array):
+                mx.async_eval(lp)
             pending.append((idx, lp))
             for i, t, r in zip(idx, toks, responses, strict=True):
                 tokens[i].append(t)
@@ -120,9 +134,9 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
     finally:
         gen.close()
     logprobs: list[list[float]] = [[] for _ in range(n)]
-    mx.eval([lp for _, lp in pending])
+    mx.eval([lp for _, lp in pending if isinstance(lp, mx.array)])
     for idx, lp in pending:
-        for i, v in zip(idx, lp.tolist(), strict=True):
+        for i, v in zip(idx, lp if isinstance(lp, list) else lp.tolist(), strict=True):
             logprobs[i].append(v)
     seconds = time.perf_counter() - tic
     ntok = sum(len(t) for t in tokens)

@@ -53,3 +53,21 @@ def test_aggregation_weights():
 def test_chunks():
     assert chunks(5, 2) == [slice(0, 2), slice(2, 4), slice(4, 5)]
     assert chunks(5, 0) == [slice(0, 5)]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_and_entropy_match_float64_numpy(temperature):
+    from mlx_rlaif.losses import logprobs_and_entropy
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, size=(2, 5, 50))
+    targets = rng.integers(0, 50, size=(2, 5))
+    z = logits / temperature
+    logsm = z - z.max(-1, keepdims=True)
+    logsm = logsm - np.log(np.exp(logsm).sum(-1, keepdims=True))
+    want_lp = np.take_along_axis(logsm, targets[..., None], -1)[..., 0]
+    want_h = -(np.exp(logsm) * logsm).sum(-1)
+    lp, h = logprobs_and_entropy(mx.array(logits.astype(np.float32)), mx.array(targets),
+                                 temperature)
+    np.testing.assert_allclose(np.array(lp), want_lp, atol=2e-5)
+    np.testing.assert_allclose(np.array(h), want_h, atol=2e-5)

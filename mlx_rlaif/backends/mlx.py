@@ -128,17 +128,10 @@ def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0,
 
     tokens: [B, T] -> logp: [B, T-1] (and the entropy of each next-token distribution [B, T-1]).
     """
-    logits = model(tokens[:, :-1]).astype(mx.float32)  # [B, T-1, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    lse = mx.logsumexp(logits, axis=-1)  # [B, T-1]
-    picked = mx.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-    logp = picked - lse
-    if not with_entropy:
-        return logp, None
-    probs = mx.exp(logits - lse[..., None])
-    entropy = lse - mx.sum(probs * logits, axis=-1)
-    return logp, entropy
+    from ..losses import logprobs_and_entropy
+
+    logp, entropy = logprobs_and_entropy(model(tokens[:, :-1]), tokens[:, 1:], temperature)
+    return logp, (entropy if with_entropy else None)
 
 
 def adapter_config_for(policy: Policy) -> dict:
