@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_configure(config: pytest.Config) -> None:
     """MLX's Linux CPU wheel bundles a reference BLAS: run the suite again with the system
-    OpenBLAS preloaded (40x faster matmuls) when it is installed. No-op on macOS and where it is
+    OpenBLAS preloaded (about 15x faster matmuls) when it is installed. No-op on macOS and where it is
     already preloaded (see mlx_rlaif/blas.py)."""
     capture = config.pluginmanager.getplugin("capturemanager")
     if sys.platform.startswith("linux") and not fast_blas_active() and find_fast_blas():
