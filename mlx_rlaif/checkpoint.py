@@ -23,7 +23,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,22 @@ def save_checkpoint(
     extra_json: Mapping[str, Any] | None = None,
     config_text: str | None = None,
 ) -> Path:
-    """Write a complete checkpoint atomically and return its path."""
+    """Write a complete MLX checkpoint atomically and return its path."""
+
+    def weights(tmp: Path) -> None:
+        mx.save_safetensors(str(tmp / ADAPTERS), adapter_weights(model))
+        if optimizer is not None:
+            mx.save_safetensors(str(tmp / OPTIMIZER), dict(tree_flatten(optimizer.state)))
+
+    return write_checkpoint(run_dir, name, weights, adapter_cfg, state, extra_json, config_text)
+
+
+def write_checkpoint(run_dir: Path, name: str, write_weights: Callable[[Path], None],
+                     adapter_cfg: Mapping[str, Any], state: LoopState,
+                     extra_json: Mapping[str, Any] | None = None,
+                     config_text: str | None = None) -> Path:
+    """The layout every backend shares: `write_weights(tmp)` writes the adapter (and optimizer)
+    files, the JSON and config files are added, then the directory is renamed into place."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
@@ -95,12 +110,9 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    mx.save_safetensors(str(tmp / ADAPTERS), adapter_weights(model))
+    write_weights(tmp)
     _write_json(tmp / ADAPTER_CONFIG, adapter_cfg)
     _write_json(tmp / STATE, state.__dict__)
-    if optimizer is not None:
-        opt_state = dict(tree_flatten(optimizer.state))
-        mx.save_safetensors(str(tmp / OPTIMIZER), opt_state)
     for fname, obj in (extra_json or {}).items():
         _write_json(tmp / fname, obj)
     if config_text is not None:

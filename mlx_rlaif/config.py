@@ -267,6 +267,11 @@ class Config:
 
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read YAML (or start from defaults), apply `a.b=c` overrides, and check everything."""
+    return from_dict(read_raw(path, overrides))
+
+
+def read_raw(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """The YAML mapping at `path` (empty without one) with `a.b=c` overrides applied."""
     raw: dict = {}
     if path is not None:
         p = Path(path)
@@ -283,7 +288,7 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
             raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, rl:, ...)")
     for item in overrides:
         apply_override(raw, item)
-    return from_dict(raw)
+    return raw
 
 
 def apply_override(raw: dict, item: str) -> None:

@@ -33,7 +33,7 @@ import yaml
 from mlx.utils import tree_map
 
 from . import checkpoint
-from .config import LoraConfig, ModelConfig, TrainingConfig, _build, apply_override, opt, to_dict
+from .config import LoraConfig, ModelConfig, TrainingConfig, _build, opt, read_raw, to_dict
 from .errors import ConfigError, DataError
 
 # --- configuration ----------------------------------------------------------------------------
@@ -67,20 +67,7 @@ class SFTRunConfig:
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
                 ) -> SFTRunConfig:
     """Strictly load an SFT config (sections model, lora, training, sft) and `a.b=c` overrides."""
-    raw: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} not found: pass an existing YAML file to --config")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML ({getattr(e, 'problem', e)}): fix the syntax"
-                              ) from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, sft:, ...)")
-    for item in overrides:
-        apply_override(raw, item)
+    raw = read_raw(path, overrides)
     training = raw.setdefault("training", {})
     if isinstance(training, dict):
         training.setdefault("output_dir", "runs/sft")

@@ -30,8 +30,6 @@ restart). Needs `pip install 'mlx-rlaif[cuda]'` (torch, transformers, peft).
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -520,27 +518,16 @@ def save_checkpoint(policy: TorchPolicy, optimizer: torch.optim.Optimizer | None
                     run_dir: Path, name: str, state: checkpoint.LoopState,
                     extra_json: dict[str, Any] | None = None, config_text: str | None = None
                     ) -> Path:
-    """checkpoint.save_checkpoint's layout, written to a temp dir and renamed into place."""
-    root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final, tmp = root / name, root / f"{name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    safetensors.torch.save_file(mlx_adapters(policy), str(tmp / checkpoint.ADAPTERS),
-                                metadata={"format": "mlx"})
-    checkpoint._write_json(tmp / checkpoint.ADAPTER_CONFIG, adapter_config_for(policy))
-    checkpoint._write_json(tmp / checkpoint.STATE, state.__dict__)
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
-    for fname, obj in (extra_json or {}).items():
-        checkpoint._write_json(tmp / fname, obj)
-    if config_text is not None:
-        (tmp / "config.yaml").write_text(config_text)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
+    """checkpoint.save_checkpoint's layout (adapters in mlx-lm format), written atomically."""
+
+    def weights(tmp: Path) -> None:
+        safetensors.torch.save_file(mlx_adapters(policy), str(tmp / checkpoint.ADAPTERS),
+                                    metadata={"format": "mlx"})
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
+
+    return checkpoint.write_checkpoint(run_dir, name, weights, adapter_config_for(policy), state,
+                                       extra_json, config_text)
 
 
 def restore(policy: TorchPolicy, optimizer: torch.optim.Optimizer, ckpt: Path
