@@ -12,6 +12,9 @@ Target position j predicts tokens[j + 1]; the completion's targets are the posit
     sequence  w = mask / (len(completion) * sequences in the batch)          (GRPO)
     constant  w = mask / (max_new_tokens * sequences in the batch)           (Dr. GRPO)
 
+`build_group` is the layout of `shared_prompt.py` (the G completions of one prompt, the prompt
+held once): targets start at column 0, so every [G, W] array covers completion tokens only.
+
 Not covered: packing several sequences into one row.
 """
 
@@ -73,3 +76,42 @@ def chunks(n: int, size: int) -> list[slice]:
     """Row ranges of each micro-batch (size 0: one batch)."""
     size = size or max(n, 1)
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def prompt_groups(rollouts: Sequence[Rollout]) -> list[list[int]]:
+    """Indices of the rollouts that share a prompt (same tokens), in order of first appearance."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(rollouts):
+        groups.setdefault(tuple(r.prompt_tokens), []).append(i)
+    return list(groups.values())
+
+
+def build_group(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Sequence[float],
+                ref_logprobs: Sequence[Sequence[float]] | None = None,
+                pad_to: int = 8) -> dict[str, mx.array]:
+    """Arrays for completions of one prompt: prefix [1, Lp - 1]; tokens [G, W + 1] (the prompt's
+    last token, then the completion); mask, weights, old_logp (and ref_logp) [G, W]; adv [G]."""
+    prompt = list(rollouts[0].prompt_tokens)
+    width = _round_up(max(max(len(r.tokens) for r in rollouts), 1), pad_to)
+    n = len(rollouts)
+    tokens = np.zeros((n, width + 1), dtype=np.int32)
+    tokens[:, 0] = prompt[-1]
+    mask = np.zeros((n, width), dtype=np.float32)
+    old = np.zeros((n, width), dtype=np.float32)
+    ref = np.zeros((n, width), dtype=np.float32) if ref_logprobs is not None else None
+    for i, r in enumerate(rollouts):
+        if list(r.prompt_tokens) != prompt:
+            raise ValueError("build_group: rollouts of different prompts")
+        k = len(r.tokens)
+        tokens[i, 1:k + 1] = r.tokens
+        mask[i, :k] = 1.0
+        old[i, :k] = r.logprobs
+        if ref is not None:
+            ref[i, :k] = ref_logprobs[i]
+    w = mask * np.asarray(weights, dtype=np.float32)[:, None]
+    out = {"prefix": mx.array(np.asarray(prompt[:-1], dtype=np.int32).reshape(1, -1)),
+           "tokens": mx.array(tokens), "mask": mx.array(mask), "weights": mx.array(w),
+           "old_logp": mx.array(old), "adv": mx.array(np.asarray(adv, dtype=np.float32))}
+    if ref is not None:
+        out["ref_logp"] = mx.array(ref)
+    return out

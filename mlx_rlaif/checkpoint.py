@@ -127,6 +127,13 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
 
 
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON next to `path`, then rename it into place: readers see the old or the new."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _write_json(tmp, obj)
+    os.replace(tmp, path)
+
+
 def checkpoint_step(path: Path) -> int:
     m = _STEP.search(path.name)
     return int(m.group(1)) if m else -1

@@ -77,7 +77,12 @@ class LoraConfig:
 class DataConfig:
     train_file: str = opt("suite:synthetic-train", "Training tasks: a JSONL file or a shipped "
                           "suite (suite:synthetic-train, suite:synthetic-eval, suite:humaneval).")
-    eval_file: str = opt("", "Held-out tasks for evaluation at the end of the run (optional).")
+    eval_file: str = opt("", "Held-out tasks, evaluated before training and at the end of the "
+                         "run (pass@1 and mean reward, in eval.json; optional).")
+    eval_samples: int = opt(1, "Completions sampled per held-out task (pass@1 averages them).",
+                            _pos)
+    eval_temperature: float = opt(0.7, "Sampling temperature of the held-out evaluations.",
+                                  _nonneg)
     shuffle: bool = opt(True, "Shuffle the training tasks each epoch (deterministic from the seed).")
     languages: tuple[str, ...] = opt((), "Keep only tasks in these languages; empty: all.")
     max_tasks: int = opt(0, "Use at most this many training tasks (0: all).", _nonneg)
@@ -141,7 +146,11 @@ class TrainingConfig:
                                                      "cosine decay to min_lr_ratio * lr.")
     min_lr_ratio: float = opt(0.1, "Final lr of the cosine schedule, relative to the peak.", _unit)
     micro_batch_size: int = opt(0, "Sequences per forward/backward; gradients accumulate over "
-                                "micro-batches (0: the whole batch at once).", _nonneg)
+                                "micro-batches (0: the whole batch at once, or each prompt's "
+                                "group at once with share_prompt).", _nonneg)
+    share_prompt: bool = opt(True, "Forward each prompt once for all its completions (same "
+                             "result, fewer positions); off: every sequence in full. Models "
+                             "without plain KV caches always take the full forward (MLX only).")
     max_grad_norm: float = opt(1.0, "Clip the global gradient norm (0: off).", _nonneg)
     seed: int = opt(0, "Seed of data order, sampling and LoRA init.")
     output_dir: str = opt("runs/latest", "Run directory: config, metrics, checkpoints.")

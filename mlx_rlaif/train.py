@@ -12,6 +12,7 @@ Not covered: multi-device training, asynchronous (off-policy) rollouts, value mo
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import signal
 import time
@@ -33,6 +34,8 @@ from .rewards.base import RewardFn
 from .rewards.build import build_reward
 from .rollout import SamplingParams, prompt_formatter
 from .update import make_optimizer, reference_logprobs, update  # noqa: F401  (public API)
+
+EVAL_FILE = "eval.json"  # held-out evaluations of the run: {"before": {...}, "after": {...}}
 
 
 @dataclass
@@ -203,16 +206,46 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         hub = MetricsHub.create(cfg.logging, run_dir, interactive, steps, _hparams(cfg),
                                 resume=resume_from is not None)
     try:
+        if eval_tasks and cfg.model.backend != "mlx":
+            hub.message("held-out eval: MLX backend only; run `mlx-rlaif eval` on a checkpoint")
+            eval_tasks = []
+        if eval_tasks and "before" not in read_evals(run_dir):
+            held_out_eval(run, eval_tasks, hub, "before")
         loop(run, tasks, steps, hub)
         if eval_tasks and run.stop is None:
-            from .evaluate import evaluate_tasks
-
-            res = evaluate_tasks(policy, eval_tasks, reward_fn, cfg, n=1)
-            hub.message(f"eval: mean reward {res['reward_mean']:.3f}, pass@1 {res['pass@1']:.3f}")
+            held_out_eval(run, eval_tasks, hub, "after")
     finally:
         reward_fn.close()
         hub.close()
     return run_dir
+
+
+def held_out_eval(run: Run, tasks: list[Task], hub: Any, when: str) -> dict[str, float]:
+    """pass@1 and mean reward on the held-out tasks, kept in eval.json under `when`
+    ("before" training or "after" it) and reported to the hub."""
+    from .evaluate import evaluate_tasks
+
+    d = run.cfg.data
+    res = evaluate_tasks(run.policy, tasks, run.reward_fn, run.cfg, n=d.eval_samples,
+                         seed=run.cfg.training.seed, temperature=d.eval_temperature)
+    summary = {"step": run.state.step, "tasks": res["n_tasks"], "samples_per_task": d.eval_samples,
+               "temperature": d.eval_temperature, "pass@1": res["pass@1"],
+               "reward_mean": res["reward_mean"]}
+    evals = {**read_evals(run.run_dir), when: summary}
+    checkpoint.write_json_atomic(run.run_dir / EVAL_FILE, evals)
+    line = (f"held-out eval {when} training ({res['n_tasks']} tasks x {d.eval_samples}, "
+            f"T={d.eval_temperature}): pass@1 {res['pass@1']:.3f}, mean reward "
+            f"{res['reward_mean']:.3f}")
+    if when == "after" and "before" in evals:
+        gain = 100 * (res["pass@1"] - evals["before"]["pass@1"])
+        line += f" (before: {evals['before']['pass@1']:.3f}, {gain:+.1f} points)"
+    hub.message(line)
+    return summary
+
+
+def read_evals(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / EVAL_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:

@@ -23,10 +23,10 @@ import numpy as np
 from mlx.utils import tree_map
 
 from . import batch as batching
-from . import checkpoint
-from .backends.mlx import Policy, lora_disabled, token_logprobs
+from . import checkpoint, shared_prompt
+from .backends.mlx import Policy, lora_disabled
 from .config import Config
-from .losses import rl_loss
+from .losses import logprobs_and_entropy, rl_loss
 from .records import Rollout
 
 if TYPE_CHECKING:
@@ -41,8 +41,8 @@ def update(run: Run, rollouts: list[Rollout], adv: np.ndarray,
         return {"optim/skipped": float(run.skipped), "train/tokens": 0.0}
     lengths = [len(r.tokens) for r in rollouts]
     w = batching.aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens)
-    mbs = [batching.build(rollouts[s], adv[s], w[s], ref[s] if ref is not None else None)
-           for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size)]
+    mbs = [build(rollouts, rows, adv, w, ref, shared)
+           for rows, shared in micro_batches(run.policy.model, rollouts, cfg)]
     loss_fn = partial(rl_loss, rl=cfg.rl, kl_coef=run.state.kl_coef,
                       temperature=cfg.generation.temperature)
     value_and_grad = nn.value_and_grad(run.policy.model, loss_fn)
@@ -81,17 +81,40 @@ def apply_update(run: Run, grads: Any, loss: mx.array) -> float:
 def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
                        ) -> list[np.ndarray]:
     """Log-probs of each completion under the frozen base (same weights, LoRA scale 0)."""
-    out: list[np.ndarray] = []
+    out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rollouts)
     zeros = [0.0] * len(rollouts)
     with lora_disabled(model):
-        for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size):
-            b = batching.build(rollouts[s], zeros[s], zeros[s])
-            logp, _ = token_logprobs(model, b["tokens"], cfg.generation.temperature)
-            logp = np.array(logp)
-            for i, r in enumerate(rollouts[s]):
-                start = len(r.prompt_tokens) - 1
-                out.append(logp[i, start: start + len(r.tokens)])
+        for rows, shared in micro_batches(model, rollouts, cfg):
+            b = build(rollouts, rows, zeros, zeros, None, shared)
+            logits = (shared_prompt.logits(model, b["prefix"], b["tokens"][:, :-1])
+                      if "prefix" in b else model(b["tokens"][:, :-1]))
+            logp = np.array(logprobs_and_entropy(logits, b["tokens"][:, 1:],
+                                                 cfg.generation.temperature)[0])
+            for i, j in enumerate(rows):
+                r = rollouts[j]
+                start = 0 if "prefix" in b else len(r.prompt_tokens) - 1
+                out[j] = logp[i, start: start + len(r.tokens)]
     return out
+
+
+def micro_batches(model: nn.Module, rollouts: list[Rollout], cfg: Config
+                  ) -> list[tuple[list[int], bool]]:
+    """(row indices, shared prompt?) of each micro-batch: rows of one prompt's group when the
+    prompt is shared (training.share_prompt and a model that supports it), else consecutive."""
+    size = cfg.training.micro_batch_size
+    if cfg.training.share_prompt and shared_prompt.supported(model):
+        return [(g[s], True) for g in batching.prompt_groups(rollouts)
+                for s in batching.chunks(len(g), size)]
+    return [(list(range(len(rollouts)))[s], False)
+            for s in batching.chunks(len(rollouts), size)]
+
+
+def build(rollouts: list[Rollout], rows: list[int], adv: Any, w: list[float],
+          ref: list[np.ndarray] | None, shared: bool) -> dict[str, mx.array]:
+    """The arrays of one micro-batch, in `build_group`'s layout when its prompt is shared."""
+    args = ([rollouts[i] for i in rows], [adv[i] for i in rows], [w[i] for i in rows],
+            [ref[i] for i in rows] if ref is not None else None)
+    return batching.build_group(*args) if shared else batching.build(*args)
 
 
 def update_metrics(aux: dict, first: dict, norm: float, run: Run, tokens: int,

@@ -85,6 +85,17 @@ def test_humaneval_units_give_partial_credit(reward: ExecReward) -> None:
     assert {t["reason"] for t in syntax.details["tests"]} == {"build_error"}
 
 
+def test_an_empty_answer_earns_nothing_even_where_the_stub_parses(reward: ExecReward) -> None:
+    stub = Task(id="stub", prompt='def f(x):\n    """Return x plus 1."""\n', entry_point="f",
+                tests=({"args": [1], "expected": 2},))
+    empty, blank, fence, body = reward.score([stub] * 4, ["", "   \n", "```python\n```",
+                                                          "    return x + 1\n"])
+    for r in (empty, blank, fence):
+        assert r.value == 0.0 and r.parts == {"builds": 0.0, "tests": 0.0}
+        assert "empty answer" in r.details["tests"][0]["message"]
+    assert body.value == 1.0
+
+
 def test_timeouts_are_the_students_failure(reward: ExecReward) -> None:
     out = reward.score([ADD, ADD_HE], ["def add(a, b):\n    while True:\n        pass\n"] * 2)
     for r in out:

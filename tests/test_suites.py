@@ -44,6 +44,7 @@ def test_records_are_well_formed(train: list[dict], evals: list[dict]) -> None:
         if t["language"] == "python":
             assert t["entry_point"] in t["prompt"]
             assert t["solution"].startswith(f"def {t['entry_point']}(")
+            assert t["prompt"] == t["solution"].split("\n")[0] + f'\n    """{t["prompt"].split(chr(34) * 3)[1]}"""\n'
             assert all(set(c) == {"args", "expected"} for c in t["tests"])
         else:
             assert all(set(c) == {"stdin", "stdout"} for c in t["tests"])
@@ -66,9 +67,14 @@ def test_eval_is_held_out_but_same_families(train: list[dict], evals: list[dict]
     eval_names = {(t["family"], t["entry_point"]) for t in evals if t["language"] == "python"}
     assert not train_names & eval_names
     assert {t["family"] for t in evals} == {t["family"] for t in train}
-    held_out = {re.split(r"[`{]", f.templates[-1])[0] for f in make_suite.FAMILIES}
-    assert any(t["prompt"].startswith(tuple(held_out)) for t in evals)
-    assert not any(t["prompt"].startswith(tuple(held_out)) for t in train)
+    held_out = {re.split(r"[`{]", make_suite.docstring(f.templates[-1]))[0]
+                for f in make_suite.FAMILIES}
+
+    def phrasing(t: dict) -> str:  # a Python prompt's phrasing is its stub's docstring
+        return t["prompt"].split('"""')[1] if t["language"] == "python" else t["prompt"]
+
+    assert any(phrasing(t).startswith(tuple(held_out)) for t in evals)
+    assert not any(phrasing(t).startswith(tuple(held_out)) for t in train)
 
 
 def test_generator_is_deterministic_and_matches_shipped_files(train: list[dict],

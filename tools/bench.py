@@ -511,9 +511,11 @@ class Ours:
 
         out: dict[str, Any] = {k: v[skip:] for k, v in self.t.items()}
         prompts = [len(self.run.format(t)) for t in self.tasks]
-        width = _round_up(max(prompts) + int(max(self.t["completion_len"])) - 1, 8)
         G = self.run.cfg.generation.num_samples_per_prompt
-        out.update(prompt_tokens=prompts, train_positions=len(prompts) * G * width,
+        # positions the training forward runs: each prompt once, then its G completions
+        width = _round_up(int(max(self.t["completion_len"])), 8)
+        positions = sum(p - 1 for p in prompts) + len(prompts) * G * width
+        out.update(prompt_tokens=prompts, train_positions=positions,
                    params=sum(v.size for v in _leaves(self.run.policy.model.parameters())))
         return out
 
@@ -538,7 +540,8 @@ def _leaves(tree: Any) -> list:
 
 
 def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
-    """Forward + backward of our loss on one rollout batch, as `train.update` runs it."""
+    """Forward + backward of our loss on one rollout batch, micro-batched as `update` runs it
+    (each prompt's group in one forward with the prompt computed once)."""
     from functools import partial
 
     import mlx.core as mx
@@ -549,35 +552,42 @@ def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     from mlx_rlaif.losses import rl_loss
     from mlx_rlaif.rollout import sample
     from mlx_rlaif.train import _sampling, reference_logprobs
+    from mlx_rlaif.update import build, micro_batches
 
     cfg, model = run.cfg, run.policy.model
     rollouts, _ = sample(model, run.policy.tokenizer, tasks, _sampling(cfg),
                          cfg.generation.num_samples_per_prompt, run.format)
     ref = reference_logprobs(model, rollouts, cfg) if run.state.kl_coef > 0 else None
     w = batching.aggregation_weights([len(r.tokens) for r in rollouts], "token", 0)
-    mb = batching.build(rollouts, np.linspace(-1, 1, len(rollouts)), w, ref)
+    adv = np.linspace(-1, 1, len(rollouts))
+    mbs = [build(rollouts, rows, adv, w, ref, shared)
+           for rows, shared in micro_batches(model, rollouts, cfg)]
     loss_fn = partial(rl_loss, rl=cfg.rl, kl_coef=run.state.kl_coef,
                       temperature=cfg.generation.temperature)
     vg = nn.value_and_grad(model, loss_fn)
-    mx.eval(vg(model, mb))
+    mx.eval([vg(model, mb) for mb in mbs])
     times = []
     for _ in range(reps):
         tic = time.perf_counter()
-        mx.eval(vg(model, mb))
+        mx.eval([vg(model, mb) for mb in mbs])
         times.append(time.perf_counter() - tic)
     params = sum(v.size for v in _leaves(model.parameters()))
-    n, width = mb["tokens"].shape
-    return {"train_tps": [float(mb["mask"].sum().item()) / t for t in times],
-            "train_positions_per_s": [n * (width - 1) / t for t in times],
+    positions = sum(mb["tokens"].shape[0] * (mb["tokens"].shape[1] - 1)
+                    + (mb["prefix"].shape[1] if "prefix" in mb else 0) for mb in mbs)
+    tokens = sum(float(mb["mask"].sum().item()) for mb in mbs)
+    return {"train_tps": [tokens / t for t in times],
+            "train_positions_per_s": [positions / t for t in times],
             "train_fwd_bwd_s": times, "params": params, "flops_per_token": 6 * params,
-            "train_batch_shape": [n, width - 1]}
+            "train_positions": positions,
+            "train_batch_shapes": [list(mb["tokens"].shape) for mb in mbs]}
 
 
 def w_micro(spec: dict) -> dict:
     """In-process A/B of choices made in losses.py, batch.py and blas.py, cases alternating
     round-robin: the loss formulation (one pow-based exp pass vs mx.logsumexp + mx.exp, the
-    formulation before), padding to 32 vs 8, mx.compile of forward+backward, 1 vs 2 OpenBLAS
-    threads, and exp vs pow over a logits-sized array."""
+    formulation before), padding to 32 vs 8, mx.compile of forward+backward, the shared-prompt
+    forward (each prompt once for its group) vs every row in full, 1 vs 2 OpenBLAS threads, and
+    exp vs pow over a logits-sized array."""
     from functools import partial
 
     import mlx.core as mx
@@ -598,6 +608,8 @@ def w_micro(spec: dict) -> dict:
     w = batching.aggregation_weights([len(r.tokens) for r in rollouts], "token", 0)
     adv = np.linspace(-1, 1, len(rollouts))
     mbs = {p: batching.build(rollouts, adv, w, ref, pad_to=p) for p in (32, 8)}
+    groups = [batching.build_group([rollouts[i] for i in g], adv[g], [w[i] for i in g],
+                                   [ref[i] for i in g]) for g in batching.prompt_groups(rollouts)]
     vg = nn.value_and_grad(model, partial(losses.rl_loss, rl=cfg.rl, kl_coef=0.02,
                                           temperature=1.0))
     state = [model.state]
@@ -619,6 +631,7 @@ def w_micro(spec: dict) -> dict:
     cases = {"fwd_bwd_pad32_mx_exp_formulation": old_formulation,
              "fwd_bwd_pad32": lambda: vg(model, mbs[32]), "fwd_bwd_pad8": lambda: vg(model, mbs[8]),
              "fwd_bwd_pad8_compiled": lambda: compiled(mbs[8]),
+             "fwd_bwd_pad8_shared_prompt": lambda: [vg(model, mb) for mb in groups],
              "exp_8x128x4096": lambda: mx.exp(x),
              "pow2_8x128x4096": lambda: mx.power(2.0, x * 1.4426950408889634)}
     default = int(os.environ.get("OPENBLAS_NUM_THREADS", "1"))

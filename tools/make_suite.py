@@ -3,10 +3,12 @@
 Usage: python tools/make_suite.py [--seed 0] [--out mlx_rlaif/suites] [--no-check]
 
 Each task is an instance of a *family* (add a constant, filter a list, reverse a string, ...):
-a phrasing template, a function name and constants drawn with a seeded RNG. Python tasks are
-function io pairs (`entry_point` + `tests: [{"args": [...], "expected": ...}]`); C++ and Rust tasks
-are whole programs with `tests: [{"stdin": ..., "stdout": ...}]`. Every task carries a canonical
-`solution` (for supervised tuning; never shown to the student) and a `difficulty` tag.
+a phrasing template, a function name and constants drawn with a seeded RNG. A Python task's
+prompt is a HumanEval-style stub (the signature and the phrasing as its docstring) that the
+student completes with the body; Python tasks are function io pairs (`entry_point` + `tests:
+[{"args": [...], "expected": ...}]`); C++ and Rust tasks are whole programs with
+`tests: [{"stdin": ..., "stdout": ...}]`. Every task carries a canonical `solution` (for
+supervised tuning; never shown to the student) and a `difficulty` tag.
 
 Held-out eval: the eval split uses the same families as train (so RL on train can transfer) but
 function names drawn from a pool train never uses, and, for part of the tasks, a phrasing template
@@ -85,7 +87,7 @@ def _py(key: str, difficulty: str, sig: str, arg: str, templates: tuple[str, ...
 
 
 PY = "Write a Python function that "
-CALL = " Call it {name}(%s)."  # the name comes last, right before the answer
+CALL = " Call it {name}(%s)."  # naming clauses: dropped from the docstring (`docstring`)
 NAME = " Name it {name}(%s)."
 PYTHON_FAMILIES = (
     _py("add", "easy", "x", "int", (PY + "returns x plus {k}." + CALL % "x",
@@ -384,6 +386,21 @@ def split_names(r: random.Random) -> dict[str, tuple[list[str], list[str]]]:
     return pools
 
 
+def draw_train_tasks(n: int, seed: int, language: str = "python") -> list[dict[str, Any]]:
+    """`n` more tasks from the train split's distribution: train names and phrasings only, so
+    none can equal an eval prompt (for supervised data beyond the shipped split)."""
+    pools = split_names(random.Random(SEED))  # the pools `build` draws first
+    r = random.Random(seed)
+    fams = [f for f in FAMILIES if f.language == language]
+    out = []
+    for i in range(n):
+        fam = r.choice(fams)
+        names = pools[ARG_NOUN[fam.arg]][0] if language == "python" else []
+        task = make_task(fam, r, "train", names, held_out=False)
+        out.append({**task, "id": f"synthetic/drawn/{language}/{i:06d}"})
+    return out
+
+
 def stdin_text(fam: Family, args: list[Any]) -> str:
     if fam.arg in ("list", "list1"):
         xs = args[0]
@@ -421,6 +438,26 @@ def fill(body: str, p: Params) -> str:
     return body
 
 
+_LEADS = (PY, "Implement a function to ", "Define a function that ")
+
+
+def unquote(text: str, p: Params) -> str:
+    """`"{w}"` -> `{w}` for each parameter: a parameter that is a string value in the prompt
+    is a name once it becomes a keyword parameter."""
+    for key in p:
+        text = text.replace('"{' + key + '}"', "{" + key + "}")
+    return text
+
+
+def docstring(sentence: str) -> str:
+    """A Python phrasing as the docstring of the prompt's stub: without its lead-in ("Write a
+    Python function that") and naming clause ("Call it f(x).")."""
+    text = sentence.split(" Call it ")[0].split(" Name it ")[0]
+    for lead in _LEADS:
+        text = text.removeprefix(lead)
+    return text[:1].upper() + text[1:]
+
+
 def make_task(fam: Family, r: random.Random, split: str, names: list[str],
               held_out: bool) -> dict[str, Any]:
     p = fam.params(r)
@@ -430,7 +467,12 @@ def make_task(fam: Family, r: random.Random, split: str, names: list[str],
     prompt = template.format(name=name, **p)
     body = fill(fam.body, p)
     if fam.language == "python":
-        solution = f"def {name}({fam.sig}):\n    {body}\n"
+        # constants are keyword parameters with defaults: the docstring and body name them
+        sig = ", ".join([fam.sig, *(f"{k}={v!r}" for k, v in p.items())])
+        by_name = {k: k for k in p}
+        prompt = docstring(unquote(template, p).format(name=name, **by_name))
+        prompt = f'def {name}({sig}):\n    """{prompt}"""\n'
+        solution = f"def {name}({sig}):\n    {fill(unquote(fam.body, p), by_name)}\n"
     else:
         solution = body + "\n"
     task = {"id": "", "prompt": prompt, "language": fam.language, "difficulty": fam.difficulty,

@@ -2,7 +2,8 @@
 
 Value = build_weight * builds + tests_weight * (fraction of tests passed). `builds` is 1 when the
 Python parses (checked in the trainer, never run) or the C++/Rust compiles (compiled in the
-sandbox). Each test's verdict and the reason of each failure (wrong_answer, timeout, crash,
+sandbox), and never for a completion with no code of its own (an empty body completing a
+HumanEval-style stub parses, and RL finds that 0.1 beats a wrong attempt's 0 within 20 steps). Each test's verdict and the reason of each failure (wrong_answer, timeout, crash,
 build_error) are in `Reward.details["tests"]`. The value is None only when we could not score:
 the sandbox failed, the task has no tests we understand, its language has no toolchain here.
 
@@ -233,7 +234,10 @@ class ExecReward:
             program = extract_code(completion, task.language)
         n = len(task.tests) if fmt != "humaneval" else len(instrument_check(task.test)[1]) or 1
         with self.sandbox.box() as box:
-            build_error = self._build(box, tc, program)
+            # a completion with no code of its own must not earn the build credit of the
+            # prompt's stub (an empty answer to a HumanEval-style prompt parses)
+            empty = not extract_code(completion, task.language).strip()
+            build_error = "empty answer: no code" if empty else self._build(box, tc, program)
             if build_error is not None:
                 results = [result(f"test {i}", False, "build_error", build_error[:300])
                            for i in range(n)]
