@@ -12,8 +12,9 @@ Target position j predicts tokens[j + 1]; the completion's targets are the posit
     sequence  w = mask / (len(completion) * sequences in the batch)          (GRPO)
     constant  w = mask / (max_new_tokens * sequences in the batch)           (Dr. GRPO)
 
-`build_group` is the layout of `shared_prompt.py` (the G completions of one prompt, the prompt
-held once): targets start at column 0, so every [G, W] array covers completion tokens only.
+`build_shared` is the layout of `shared_prompt.py` (each distinct prompt held once, the rows
+hold completions only): targets start at column 0, so every [N, W] array covers completion
+tokens only.
 
 Not covered: packing several sequences into one row.
 """
@@ -86,30 +87,38 @@ def prompt_groups(rollouts: Sequence[Rollout]) -> list[list[int]]:
     return list(groups.values())
 
 
-def build_group(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Sequence[float],
-                ref_logprobs: Sequence[Sequence[float]] | None = None,
-                pad_to: int = 8) -> dict[str, mx.array]:
-    """Arrays for completions of one prompt: prefix [1, Lp - 1]; tokens [G, W + 1] (the prompt's
-    last token, then the completion); mask, weights, old_logp (and ref_logp) [G, W]; adv [G]."""
-    prompt = list(rollouts[0].prompt_tokens)
+def build_shared(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Sequence[float],
+                 ref_logprobs: Sequence[Sequence[float]] | None = None,
+                 pad_to: int = 8) -> dict[str, mx.array]:
+    """Arrays for rows whose prompts are held once (shared_prompt.py): prefix [P, Lp] (the
+    distinct prompts without their last token, left-padded), prefix_len [P], group [N]; tokens
+    [N, W + 1] (the prompt's last token, then the completion); mask, weights, old_logp (and
+    ref_logp) [N, W]; adv [N]."""
+    prompts: dict[tuple[int, ...], int] = {}
+    group = [prompts.setdefault(tuple(r.prompt_tokens), len(prompts)) for r in rollouts]
+    lp = max(len(q) - 1 for q in prompts)
+    prefix = np.zeros((len(prompts), lp), dtype=np.int32)
+    for q, g in prompts.items():
+        if len(q) > 1:
+            prefix[g, lp - len(q) + 1:] = q[:-1]
     width = _round_up(max(max(len(r.tokens) for r in rollouts), 1), pad_to)
     n = len(rollouts)
     tokens = np.zeros((n, width + 1), dtype=np.int32)
-    tokens[:, 0] = prompt[-1]
     mask = np.zeros((n, width), dtype=np.float32)
     old = np.zeros((n, width), dtype=np.float32)
     ref = np.zeros((n, width), dtype=np.float32) if ref_logprobs is not None else None
     for i, r in enumerate(rollouts):
-        if list(r.prompt_tokens) != prompt:
-            raise ValueError("build_group: rollouts of different prompts")
         k = len(r.tokens)
+        tokens[i, 0] = r.prompt_tokens[-1]
         tokens[i, 1:k + 1] = r.tokens
         mask[i, :k] = 1.0
         old[i, :k] = r.logprobs
         if ref is not None:
             ref[i, :k] = ref_logprobs[i]
     w = mask * np.asarray(weights, dtype=np.float32)[:, None]
-    out = {"prefix": mx.array(np.asarray(prompt[:-1], dtype=np.int32).reshape(1, -1)),
+    out = {"prefix": mx.array(prefix),
+           "prefix_len": mx.array(np.array([len(q) - 1 for q in prompts], dtype=np.int32)),
+           "group": mx.array(np.asarray(group, dtype=np.int32)),
            "tokens": mx.array(tokens), "mask": mx.array(mask), "weights": mx.array(w),
            "old_logp": mx.array(old), "adv": mx.array(np.asarray(adv, dtype=np.float32))}
     if ref is not None:

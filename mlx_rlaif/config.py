@@ -85,6 +85,8 @@ class DataConfig:
                                   _nonneg)
     shuffle: bool = opt(True, "Shuffle the training tasks each epoch (deterministic from the seed).")
     languages: tuple[str, ...] = opt((), "Keep only tasks in these languages; empty: all.")
+    difficulties: tuple[str, ...] = opt((), "Keep only tasks with these `difficulty` tags (e.g. "
+                                        "[easy, medium]); empty: all.")
     max_tasks: int = opt(0, "Use at most this many training tasks (0: all).", _nonneg)
 
 
@@ -182,7 +184,10 @@ class ExecConfig:
     build_memory_mb: int = opt(4096, "Address-space limit per compiler process.", _pos)
     workers: int = opt(0, "Completions scored in parallel (0: number of cores).", _nonneg)
     build_weight: float = opt(0.1, "Weight of the builds/parses part of the exec reward.", _unit)
-    tests_weight: float = opt(0.9, "Weight of the fraction-of-tests-passed part.", _unit)
+    tests_weight: float = opt(0.9, "Weight of the tests part.", _unit)
+    tests_credit: Literal["fraction", "all"] = opt(
+        "fraction", "The tests part: the fraction of tests passed (partial credit), or all: 1 only "
+        "when every test passes (no credit for a near miss).")
     python: str = opt("", "Python interpreter for student code (empty: the one running "
                       "mlx-rlaif, or a system python3 the sandbox user can run).")
     cpp_compiler: str = opt("", "C++ compiler (empty: g++, else clang++, on PATH).")

@@ -74,8 +74,10 @@ def task_from_record(rec: dict[str, Any], where: str) -> Task:
     )
 
 
-def load_tasks(spec: str, languages: Iterable[str] = (), max_tasks: int = 0) -> list[Task]:
-    """Tasks from a JSONL path or `suite:NAME`, filtered by language, at most `max_tasks`."""
+def load_tasks(spec: str, languages: Iterable[str] = (), max_tasks: int = 0,
+               difficulties: Iterable[str] = ()) -> list[Task]:
+    """Tasks from a JSONL path or `suite:NAME`, filtered by language and difficulty, at most
+    `max_tasks`."""
     if spec.startswith("suite:"):
         from .suites import load_suite
 
@@ -87,11 +89,14 @@ def load_tasks(spec: str, languages: Iterable[str] = (), max_tasks: int = 0) -> 
     langs = set(languages)
     if langs:
         tasks = [t for t in tasks if t.language in langs]
+    levels = set(difficulties)
+    if levels:
+        tasks = [t for t in tasks if t.difficulty in levels]
     if max_tasks:
         tasks = tasks[:max_tasks]
     if not tasks:
-        raise DataError(f"{spec}: no tasks (after the language filter): check the file and "
-                        "data.languages")
+        raise DataError(f"{spec}: no tasks (after the language and difficulty filters): check "
+                        "the file, data.languages and data.difficulties")
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

@@ -79,10 +79,9 @@ def clipped_surrogate(logp: mx.array, old_logp: mx.array, adv: mx.array, clip_lo
 def rl_loss(model: nn.Module, mb: dict[str, mx.array], rl: Any, kl_coef: float,
             temperature: float) -> tuple[mx.array, dict[str, mx.array]]:
     """(loss, aux) for one micro-batch. `mb` holds tokens [N, T+1], mask/weights/old_logp/
-    ref_logp [N, T], adv [N] (batch.build), and with `prefix` the rows complete that shared
-    prompt (batch.build_group). aux holds masked sums (divide by aux['tokens'] for means)."""
+    ref_logp [N, T], adv [N] (batch.build), or with `prefix` the layout of batch.build_shared. aux holds masked sums (divide by aux['tokens'] for means)."""
     tokens = mb["tokens"]
-    logits = (shared_prompt.logits(model, mb["prefix"], tokens[:, :-1]) if "prefix" in mb
+    logits = (shared_prompt.logits(model, mb, tokens[:, :-1]) if "prefix" in mb
               else model(tokens[:, :-1]))
     logp, entropy = logprobs_and_entropy(logits, tokens[:, 1:], temperature)
     if rl.entropy_coef == 0:

@@ -167,8 +167,9 @@ def prepare(cfg: Config, run_dir: Path, resume_from: Path | None):
     from .config import check
 
     check(cfg)
-    tasks = load_tasks(cfg.data.train_file, cfg.data.languages, cfg.data.max_tasks)
-    eval_tasks = load_tasks(cfg.data.eval_file, cfg.data.languages) if cfg.data.eval_file else []
+    d = cfg.data
+    tasks = load_tasks(d.train_file, d.languages, d.max_tasks, d.difficulties)
+    eval_tasks = load_tasks(d.eval_file, d.languages, 0, d.difficulties) if d.eval_file else []
     if resume_from is None and checkpoint.list_checkpoints(run_dir):
         raise ConfigError(f"output dir {run_dir} already holds a run: pass --resume to continue "
                           "it or choose another --output-dir")

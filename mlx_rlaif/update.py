@@ -86,7 +86,7 @@ def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
     with lora_disabled(model):
         for rows, shared in micro_batches(model, rollouts, cfg):
             b = build(rollouts, rows, zeros, zeros, None, shared)
-            logits = (shared_prompt.logits(model, b["prefix"], b["tokens"][:, :-1])
+            logits = (shared_prompt.logits(model, b, b["tokens"][:, :-1])
                       if "prefix" in b else model(b["tokens"][:, :-1]))
             logp = np.array(logprobs_and_entropy(logits, b["tokens"][:, 1:],
                                                  cfg.generation.temperature)[0])
@@ -99,22 +99,22 @@ def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
 
 def micro_batches(model: nn.Module, rollouts: list[Rollout], cfg: Config
                   ) -> list[tuple[list[int], bool]]:
-    """(row indices, shared prompt?) of each micro-batch: rows of one prompt's group when the
-    prompt is shared (training.share_prompt and a model that supports it), else consecutive."""
+    """(row indices, prompts shared?) of each micro-batch. Shared (training.share_prompt and a
+    model that supports it): rows ordered by prompt, so a group splits over as few micro-batches
+    as the size allows; else consecutive rows."""
     size = cfg.training.micro_batch_size
-    if cfg.training.share_prompt and shared_prompt.supported(model):
-        return [(g[s], True) for g in batching.prompt_groups(rollouts)
-                for s in batching.chunks(len(g), size)]
-    return [(list(range(len(rollouts)))[s], False)
-            for s in batching.chunks(len(rollouts), size)]
+    share = cfg.training.share_prompt and shared_prompt.supported(model)
+    order = [i for g in batching.prompt_groups(rollouts) for i in g] if share \
+        else list(range(len(rollouts)))
+    return [(order[s], share) for s in batching.chunks(len(order), size)]
 
 
 def build(rollouts: list[Rollout], rows: list[int], adv: Any, w: list[float],
           ref: list[np.ndarray] | None, shared: bool) -> dict[str, mx.array]:
-    """The arrays of one micro-batch, in `build_group`'s layout when its prompt is shared."""
+    """The arrays of one micro-batch, in `build_shared`'s layout when its prompts are shared."""
     args = ([rollouts[i] for i in rows], [adv[i] for i in rows], [w[i] for i in rows],
             [ref[i] for i in rows] if ref is not None else None)
-    return batching.build_group(*args) if shared else batching.build(*args)
+    return batching.build_shared(*args) if shared else batching.build(*args)
 
 
 def update_metrics(aux: dict, first: dict, norm: float, run: Run, tokens: int,

@@ -85,6 +85,18 @@ def test_humaneval_units_give_partial_credit(reward: ExecReward) -> None:
     assert {t["reason"] for t in syntax.details["tests"]} == {"build_error"}
 
 
+def test_all_or_nothing_credit() -> None:
+    r = reward_for("process", tests_credit="all")
+    task = Task(id="t", prompt="p", entry_point="f", tests=(
+        {"args": [2], "expected": 4}, {"args": [3], "expected": 9}))
+    try:
+        good, half = r.score([task] * 2, ["def f(x):\n    return x * x", "def f(x):\n    return 4"])
+    finally:
+        r.close()
+    assert good.value == 1.0
+    assert half.value == pytest.approx(0.1) and half.parts["tests"] == 0.5
+
+
 def test_an_empty_answer_earns_nothing_even_where_the_stub_parses(reward: ExecReward) -> None:
     stub = Task(id="stub", prompt='def f(x):\n    """Return x plus 1."""\n', entry_point="f",
                 tests=({"args": [1], "expected": 2},))

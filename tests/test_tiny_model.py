@@ -1,4 +1,5 @@
-"""The shipped tiny model: loads with mlx-lm like any HF model, chats in ChatML, stops at eos."""
+"""The shipped tiny model: loads with mlx-lm like any HF model, chats in ChatML, completes a
+function stub and stops at eos."""
 
 from __future__ import annotations
 
@@ -50,23 +51,17 @@ def test_chat_template_is_chatml_and_eos_is_im_end(loaded) -> None:
     assert tok.decode(tok.encode("def f(x):\n    return x + 12\n")) == "def f(x):\n    return x + 12\n"
 
 
-def test_greedy_answer_is_a_fenced_function_ending_with_eos(loaded) -> None:
-    from mlx_lm import generate
-
-    from mlx_rlaif.code import extract_code
+def test_greedy_answer_completes_a_stub_and_ends_with_eos(loaded) -> None:
+    import mlx_lm
 
     model, tok = loaded
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "Write a Python function `add_value(x)` that returns x plus 3."}],
-        add_generation_prompt=True)
-    steps = []
-    text = generate(model, tok, prompt, max_tokens=128, verbose=False)
-    for response in __import__("mlx_lm").stream_generate(model, tok, prompt, max_tokens=128):
-        steps.append(response)
-    assert steps[-1].finish_reason == "stop" and len(steps) < 64
-    assert text.startswith("```python\n")
-    code = extract_code(text, "python")
-    # the interim model writes a parsing function (its name and body are often wrong: see its
-    # model card); the exec reward, not this test, measures whether it is right
-    assert code.startswith("def ")
-    compile(code, "<tiny>", "exec")
+    stub = 'def add_value(x, k=3):\n    """Returns x plus k."""\n'
+    prompt = tok.apply_chat_template([{"role": "user", "content": stub}],
+                                     add_generation_prompt=True)
+    steps = list(mlx_lm.stream_generate(model, tok, prompt, max_tokens=64))
+    assert steps[-1].finish_reason == "stop" and len(steps) < 32
+    body = tok.decode([s.token for s in steps if s.token not in tok.eos_token_ids])
+    # the model answers with the body (what a completion model writes for HumanEval); whether
+    # it is right is the exec reward's business, measured in the model card
+    assert body.startswith("   ") and "return" in body
+    compile(stub + body, "<tiny>", "exec")

@@ -541,7 +541,7 @@ def _leaves(tree: Any) -> list:
 
 def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     """Forward + backward of our loss on one rollout batch, micro-batched as `update` runs it
-    (each prompt's group in one forward with the prompt computed once)."""
+    (each prompt computed once for its completions)."""
     from functools import partial
 
     import mlx.core as mx
@@ -573,7 +573,7 @@ def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
         times.append(time.perf_counter() - tic)
     params = sum(v.size for v in _leaves(model.parameters()))
     positions = sum(mb["tokens"].shape[0] * (mb["tokens"].shape[1] - 1)
-                    + (mb["prefix"].shape[1] if "prefix" in mb else 0) for mb in mbs)
+                    + (mb["prefix"].size if "prefix" in mb else 0) for mb in mbs)
     tokens = sum(float(mb["mask"].sum().item()) for mb in mbs)
     return {"train_tps": [tokens / t for t in times],
             "train_positions_per_s": [positions / t for t in times],
@@ -608,8 +608,7 @@ def w_micro(spec: dict) -> dict:
     w = batching.aggregation_weights([len(r.tokens) for r in rollouts], "token", 0)
     adv = np.linspace(-1, 1, len(rollouts))
     mbs = {p: batching.build(rollouts, adv, w, ref, pad_to=p) for p in (32, 8)}
-    groups = [batching.build_group([rollouts[i] for i in g], adv[g], [w[i] for i in g],
-                                   [ref[i] for i in g]) for g in batching.prompt_groups(rollouts)]
+    shared = batching.build_shared(rollouts, adv, w, ref)
     vg = nn.value_and_grad(model, partial(losses.rl_loss, rl=cfg.rl, kl_coef=0.02,
                                           temperature=1.0))
     state = [model.state]
@@ -631,7 +630,7 @@ def w_micro(spec: dict) -> dict:
     cases = {"fwd_bwd_pad32_mx_exp_formulation": old_formulation,
              "fwd_bwd_pad32": lambda: vg(model, mbs[32]), "fwd_bwd_pad8": lambda: vg(model, mbs[8]),
              "fwd_bwd_pad8_compiled": lambda: compiled(mbs[8]),
-             "fwd_bwd_pad8_shared_prompt": lambda: [vg(model, mb) for mb in groups],
+             "fwd_bwd_pad8_shared_prompt": lambda: vg(model, shared),
              "exp_8x128x4096": lambda: mx.exp(x),
              "pow2_8x128x4096": lambda: mx.power(2.0, x * 1.4426950408889634)}
     default = int(os.environ.get("OPENBLAS_NUM_THREADS", "1"))

@@ -10,16 +10,20 @@ Steps, all from a fixed seed:
    the ChatML special tokens `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (eos) and a ChatML
    chat template;
 2. a Qwen2-architecture model (`mlx_lm.models.qwen2`) trained from random initialisation in one
-   AdamW run that interleaves supervised tuning on the synthetic train split in chat format
-   (user: the task prompt; assistant: the canonical solution in a fenced block, then
-   `<|im_end|>`; loss on the answer only) with next-token pretraining batches of standard-library
-   source. Interleaved, because pretraining first measurably stopped this small model from
-   learning to copy names and constants from the prompt within the budget (see the model card).
-   Tuning is deliberately short: the model should be neither hopeless nor solved on the eval
-   split, so that RL has something to improve;
-3. weights saved in bfloat16 with config.json, tokenizer files and generation_config.json, so
-   `mlx_lm.load(out)` loads it like any Hugging Face model; the eval split's pass@k is measured
-   (tools/measure_passk.py) and written with the build facts to build.json and README.md.
+   AdamW run that interleaves supervised tuning with next-token pretraining batches of
+   standard-library source. Supervised data: the synthetic train split plus `--drawn-tasks` more
+   Python tasks from the same generator (train names and phrasings only, `make_suite.
+   draw_train_tasks`), in chat format: user = the task prompt (for Python a HumanEval-style
+   stub), assistant = the stub's body (Python) or the fenced program (C++, Rust), then
+   `<|im_end|>`; loss on the answer only. The learning rate is constant after warmup, so a
+   shorter `--steps` gives the same model as stopping a longer build early: the default is
+   chosen so the model is neither hopeless nor solved on the eval split;
+3. weights saved in float32 (MLX's CPU backend has no fast bfloat16 matmul: an RL update of
+   this model took 10x longer in bfloat16) with config.json, tokenizer files and
+   generation_config.json, so
+   `mlx_lm.load(out)` loads it like any Hugging Face model; pass@k on the eval split is measured
+   through the trainer's own evaluation (chat template, sandboxed exec reward) and written with
+   the build facts to build.json and README.md.
 
 Not covered: bitwise reproducibility across machines or MLX versions (the seed fixes data order,
 initialisation and sampling; float summation order may still differ), and any use beyond being
@@ -73,7 +77,7 @@ MODEL_CONFIG = {
     "max_position_embeddings": 2048,
     "rope_theta": 10000.0,
     "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
+    "torch_dtype": "float32",
 }
 SKIP_DIRS = {"test", "tests", "site-packages", "idlelib", "lib2to3", "encodings", "pydoc_data",
              "turtledemo", "ensurepip", "tkinter", "unittest", "distutils"}
@@ -276,7 +280,7 @@ def save_weights(model: Any, out: Path) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    weights = {k: v.astype(mx.bfloat16) for k, v in tree_flatten(model.parameters())}
+    weights = {k: v.astype(mx.float32) for k, v in tree_flatten(model.parameters())}
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
@@ -321,7 +325,8 @@ def build(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"seed": args.seed, "parameters": n_params,
             "corpus_root": str(stdlib), "corpus_files": len(sources),
             "corpus_bytes": sum(len(x) for x in sources), "corpus_tokens": int(len(ids)),
-            "sft_examples": len(examples), "steps": args.steps, "batch": args.batch,
+            "sft_examples": len(examples), "drawn_tasks": len(drawn), "steps": args.steps,
+            "batch": args.batch,
             "pretrain_every": args.pretrain_every, "pretrain_batch": args.pretrain_batch,
             "seq": args.seq, "lr": args.lr, "warmup": args.warmup,
             "pretrain_tokens_seen": args.steps // args.pretrain_every * args.pretrain_batch * args.seq,
@@ -360,9 +365,9 @@ def model_card(f: dict[str, Any], size_bytes: int) -> str:
     lang = ", ".join(f"{k} {v:.1%}" for k, v in e["by_language"].items())
     return f"""# tiny-coder
 
-A {f['parameters'] / 1e6:.1f}M-parameter Qwen2-architecture chat model that writes tiny Python
-(and a little C++ and Rust) functions. It exists to be the student of mlx-rlaif's tests and
-quickstart: small enough to train with RL on two CPU cores in minutes, and deliberately
+A {f['parameters'] / 1e6:.1f}M-parameter Qwen2-architecture chat model that completes tiny Python
+function stubs (and writes a little C++ and Rust). It exists to be the student of mlx-rlaif's
+tests and quickstart: small enough to train with RL on two CPU cores in minutes, and deliberately
 **neither hopeless nor solved** on the synthetic eval split, so that RL has room to improve it.
 It is useless for anything else.
 
@@ -374,34 +379,35 @@ Load it like any Hugging Face model: `mlx_lm.load("models/tiny-coder")`.
 | --- | --- |
 | architecture | qwen2 (`mlx_lm.models.qwen2`), {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, MLP {c['intermediate_size']}, {c['num_attention_heads']} heads ({c['num_key_value_heads']} KV heads), tied embeddings |
 | parameters | {f['parameters']:,} |
-| weights | `model.safetensors`, bfloat16, {size_bytes / 2**20:.1f} MiB in this directory |
+| weights | `model.safetensors`, float32 (fast on MLX's CPU backend, unlike bfloat16); {size_bytes / 2**20:.1f} MiB for this whole directory |
 | tokenizer | byte-level BPE, {c['vocab_size']} tokens (Qwen2 pre-tokenizer: single digits), `tokenizers` library |
 | chat | ChatML (`<|im_start|>role ... <|im_end|>`), no default system prompt; eos `<|im_end|>` |
 
-## Data and recipe (seed {f['seed']})
+## Data and recipe (seed {f['seed']}; `tools/make_tiny_model.py`)
 
 1. Tokenizer trained on the corpus below plus the synthetic train split (its texts repeated 10x
-   so that task words and function names are whole tokens).
+   so that task words are whole tokens).
 2. Pretraining corpus: {f['corpus_files']} files ({f['corpus_bytes'] / 1e6:.1f} MB,
    {f['corpus_tokens']:,} tokens) of the Python standard library found locally
    (`{f['corpus_root']}`; tests, `encodings`, `idlelib`, `tkinter`, ... left out).
-3. Supervised data: `synthetic-train` ({f['sft_examples']} tasks; `mlx_rlaif/suites/`) in chat
-   format: user = the task prompt, assistant = the canonical solution in a fenced block
-   (```` ```python ```` / ```` ```cpp ```` / ```` ```rust ````) then `<|im_end|>`; loss on the
-   answer only.
+3. Supervised data: `synthetic-train` (`mlx_rlaif/suites/`) plus {f['drawn_tasks']:,} Python tasks
+   drawn from the same generator with the train split's function names and phrasings only (no
+   eval prompt can occur): {f['sft_examples']:,} examples. Chat format: user = the task prompt (for
+   Python a HumanEval-style stub: signature, constants as keyword parameters, docstring),
+   assistant = the stub's body (Python) or the fenced program (C++, Rust), then `<|im_end|>`;
+   loss on the answer only.
 4. Training from random initialisation, one AdamW run (lr {f['lr']}, {f['warmup']} warmup updates,
    then constant; weight decay 0.01; gradient norm clipped at 1): {f['steps']} supervised batches
-   of {f['batch']} examples (length-bucketed), and after every {f['pretrain_every']}nd of them one
+   of {f['batch']} examples (length-bucketed), and after every {f['pretrain_every']} of them one
    next-token batch of {f['pretrain_batch']} random {f['seq']}-token standard-library windows
    ({f['pretrain_tokens_seen']:,} pretraining tokens in all). Final losses: {f['final_loss']}.
 
-   Why interleaved rather than pretraining first: at this size and budget, a model pretrained on
-   the standard library first (200 steps, or even 100 steps at a third of the learning rate)
-   then tuned did not learn to copy the function name and constants from the prompt (mean
-   probability of the name tokens on held-out prompts 0.23 after 600 tuning steps), while the
-   same tuning from random initialisation reached 0.62, and interleaved with the standard-library
-   batches 0.84. Tuning is deliberately short: the model has learned the task families but still
-   fumbles names, constants and operators when sampling.
+What did not work, measured while building it: with the constant written in the docstring
+("Adds 10 to x") the model never learned to copy digits from the prompt (per-token loss of the
+answer's digits stayed at 2-3.4 nats, about a uniform guess, after 2,000 updates with 20,000
+drawn tasks), so every family with a constant stayed at 0%; hence constants as keyword
+parameters. Tuning is deliberately short: the model knows the task families but confuses
+operators, methods and multi-line bodies when sampling.
 
 Command (Linux: MLX's bundled BLAS is ~40x slower than OpenBLAS):
 
@@ -411,26 +417,26 @@ LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
 ```
 
 Run time: {f['total_s'] / 60:.1f} min wall on 2 shared x86-64 CPU cores (training
-{f['train_s']} s, the rest tokenizer and evaluation).
-`build.json` holds every figure of this card.
+{f['train_s']} s, the rest tokenizer and evaluation). `build.json` holds every figure of this card.
 
 ## Evaluation
 
 `synthetic-eval` (120 held-out tasks: 96 Python, 12 C++, 12 Rust; function names, constants and
-some phrasings never seen in training), {f['eval_n']} samples per task at **temperature 0.7**,
-top-p 1, at most 128 new tokens, seed {f['seed']}, candidates run against the io tests
-(`tools/measure_passk.py`):
+some phrasings never seen in training), {f['eval_n']} samples per task at **temperature
+{EVAL_TEMPERATURE}**, top-p 1, at most {EVAL_MAX_TOKENS} new tokens, seed {f['seed']}, through the
+trainer's own evaluation (chat template, sandboxed exec reward, unbiased pass@k):
 
 | metric | value |
 | --- | --- |
 | pass@1, all 120 tasks | {e['pass@1']:.1%} |
-| pass@1, Python only | {e['python_pass@1']:.1%} |
 | pass@1 by language | {lang} |
-| pass@4 / pass@8 | {e['pass@4']:.1%} / {e['pass@8']:.1%} |
-| samples ending with eos | {e['frac_eos']:.1%} |
-| mean completion tokens | {e['mean_tokens']:.1f} |
+| pass@4 / pass@{f['eval_n']} | {e['pass@4']:.1%} / {e[f"pass@{f['eval_n']}"]:.1%} |
+| mean exec reward | {e['reward_mean']:.3f} |
 
-Reproduce: `python tools/measure_passk.py --model models/tiny-coder --suite synthetic-eval -n {f['eval_n']} --temp 0.7`.
+Reproduce: `mlx-rlaif eval --model models/tiny-coder --suite synthetic-eval -n {f['eval_n']}
+--temperature {EVAL_TEMPERATURE} --max-new-tokens {EVAL_MAX_TOKENS}`. The quickstart's held-out
+figure is the easy Python part (`data.languages: [python]`, `data.difficulties: [easy]`: 40 tasks)
+at 4 samples per task.
 """
 
 
@@ -439,13 +445,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "tiny-coder")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--corpus-bytes", type=int, default=8_000_000)
-    ap.add_argument("--steps", type=int, default=600, help="supervised (SFT) batches")
-    ap.add_argument("--drawn-tasks", type=int, default=0,
+    ap.add_argument("--steps", type=int, default=900, help="supervised (SFT) batches")
+    ap.add_argument("--drawn-tasks", type=int, default=20_000,
                     help="Python tasks drawn from the train split's generator, added to the split")
     ap.add_argument("--batch", type=int, default=16, help="SFT examples per batch")
-    ap.add_argument("--pretrain-every", type=int, default=2,
+    ap.add_argument("--pretrain-every", type=int, default=3,
                     help="one standard-library batch after every N SFT batches")
-    ap.add_argument("--pretrain-batch", type=int, default=8, help="windows per pretraining batch")
+    ap.add_argument("--pretrain-batch", type=int, default=4, help="windows per pretraining batch")
     ap.add_argument("--seq", type=int, default=256, help="pretraining window length")
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=int, default=60)

@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help=f"YAML config (default: {QUICKSTART} when it exists)")
     p.add_argument("--model", help="model directory or hub id (model.path)")
     p.add_argument("--train-file", help="training tasks: JSONL or suite:NAME (data.train_file)")
-    p.add_argument("--eval-file", help="held-out tasks evaluated at the end (data.eval_file)")
+    p.add_argument("--eval-file",
+                   help="held-out tasks evaluated before and after training (data.eval_file)")
     p.add_argument("--output-dir", help="run directory (training.output_dir)")
     p.add_argument("--max-steps", type=int, help="stop after N steps (training.max_steps)")
     p.add_argument("--init-adapter", help="start from these adapters, e.g. an sft run")
@@ -34,6 +35,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
              ("data.eval_file", args.eval_file), ("training.output_dir", args.output_dir),
              ("training.max_steps", args.max_steps), ("lora.init_adapter", args.init_adapter)]
     out = [f"{k}={v}" for k, v in pairs if v is not None]
+    if args.train_file and not args.config:  # the quickstart's easy-only filter is for its suite
+        out.insert(0, "data.difficulties=[]")
     if args.no_dashboard:
         out.append("logging.dashboard=false")
     return out + list(args.set)

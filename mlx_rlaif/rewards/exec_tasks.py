@@ -11,6 +11,7 @@ import ast
 import functools
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,11 @@ from ..code import extract_code
 from ..config import ExecConfig
 from ..records import Reward, Task
 from ..sandbox import RunResult
+
+# Parsing student code must not print its SyntaxWarnings ("invalid decimal literal", invalid
+# escapes) on the trainer's terminal: they are the student's, attributed to `<unknown>`.
+warnings.filterwarnings("ignore", category=SyntaxWarning, module="<unknown>")
+warnings.filterwarnings("ignore", category=DeprecationWarning, module="<unknown>")
 
 
 class Unscorable(Exception):
@@ -164,7 +170,8 @@ def make_reward(results: list[dict], builds: bool, cfg: ExecConfig, details: dic
     n = len(results)
     passed = sum(r["passed"] for r in results)
     frac = passed / n if n else 0.0
-    value = cfg.build_weight * float(builds) + cfg.tests_weight * frac
+    credit = frac if cfg.tests_credit == "fraction" else float(n > 0 and passed == n)
+    value = cfg.build_weight * float(builds) + cfg.tests_weight * credit
     if not builds:
         reason = f"build error: {key_line(details.get('build_log', ''), 'error')[:160]}"
     elif passed == n:

@@ -1,0 +1,53 @@
+"""The proof that the loop learns: RL on train-split tasks raises pass@1 on held-out tasks.
+
+From the shipped tiny model and seed 0, `mlx-rlaif train` (a subprocess, as a user runs it) does
+16 RL steps (4 prompts x 8 completions, the quickstart's settings otherwise) on the train-split
+tasks of four easy families (sub, greater, absdiff, upper), and evaluates the eval-split tasks of
+the same families (12 held-out tasks: names, constants and some phrasings never trained on) before
+and after, 8 samples each at temperature 0.7 with the same sampling seed. A sign error, a wrong
+mask, misaligned log-probs or stale weights leave pass@1 where it was or lower it.
+
+Why MARGIN is beyond noise: each pass@1 averages 96 sampled answers; at p = 0.5 the standard
+error of such an average is at most 0.051, and of a difference of two at most 0.072, so a rise of
+MARGIN = 0.25 is 3.5 standard errors even in that worst case. The rise measured when the test was
+written is in the README (the quickstart section).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlx_rlaif.suites import load_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ("sub", "greater", "absdiff", "upper")
+MARGIN = 0.25
+
+
+def _subset(split: str, path: Path) -> Path:
+    rows = [t for t in load_suite(split) if t["language"] == "python" and t["family"] in FAMILIES]
+    path.write_text("".join(json.dumps(t) + "\n" for t in rows))
+    return path
+
+
+@pytest.mark.slow
+def test_rl_raises_held_out_pass_at_1(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mlx_rlaif.cli", "train", "--config", "configs/quickstart.yaml",
+           "--output-dir", str(out), "--no-dashboard", "--max-steps", "16",
+           "--train-file", str(_subset("synthetic-train", tmp_path / "train.jsonl")),
+           "--eval-file", str(_subset("synthetic-eval", tmp_path / "eval.jsonl")),
+           "--set", "data.eval_samples=8", "--set", "data.difficulties=[]"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    evals = json.loads((out / "eval.json").read_text())
+    before, after = evals["before"], evals["after"]
+    assert before["tasks"] == after["tasks"] == 12 and after["samples_per_task"] == 8
+    assert (before["step"], after["step"]) == (0, 16)
+    assert after["pass@1"] - before["pass@1"] >= MARGIN, evals
+    assert "held-out eval after training" in r.stdout + r.stderr
