@@ -81,9 +81,8 @@ def rl_loss(model: nn.Module, mb: dict[str, mx.array], rl: Any, kl_coef: float,
     """(loss, aux) for one micro-batch. `mb` holds tokens [N, T+1], mask/weights/old_logp/
     ref_logp [N, T], adv [N] (batch.build), or with `prefix` the layout of batch.build_shared. aux holds masked sums (divide by aux['tokens'] for means)."""
     tokens = mb["tokens"]
-    logits = (shared_prompt.logits(model, mb, tokens[:, :-1]) if "prefix" in mb
-              else model(tokens[:, :-1]))
-    logp, entropy = logprobs_and_entropy(logits, tokens[:, 1:], temperature)
+    logp, entropy = logprobs_and_entropy(shared_prompt.batch_logits(model, mb), tokens[:, 1:],
+                                         temperature)
     if rl.entropy_coef == 0:
         entropy = mx.stop_gradient(entropy)
     mask, w = mb["mask"], mb["weights"]

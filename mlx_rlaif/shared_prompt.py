@@ -75,3 +75,10 @@ def logits(model: nn.Module, mb: dict[str, mx.array], tokens: mx.array) -> mx.ar
     cache = [PrefixKV(valid, mb["group"]) for _ in model.layers]
     model(prefix, cache=cache)  # only the keys and values are used: the head is never evaluated
     return model(tokens, cache=cache)
+
+
+def batch_logits(model: nn.Module, mb: dict[str, mx.array]) -> mx.array:
+    """Logits for a micro-batch in either layout: batch.build_shared's (with `prefix`) or
+    batch.build's (every row in full)."""
+    inputs = mb["tokens"][:, :-1]
+    return logits(model, mb, inputs) if "prefix" in mb else model(inputs)

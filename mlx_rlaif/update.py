@@ -86,9 +86,8 @@ def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
     with lora_disabled(model):
         for rows, shared in micro_batches(model, rollouts, cfg):
             b = build(rollouts, rows, zeros, zeros, None, shared)
-            logits = (shared_prompt.logits(model, b, b["tokens"][:, :-1])
-                      if "prefix" in b else model(b["tokens"][:, :-1]))
-            logp = np.array(logprobs_and_entropy(logits, b["tokens"][:, 1:],
+            logp = np.array(logprobs_and_entropy(shared_prompt.batch_logits(model, b),
+                                                 b["tokens"][:, 1:],
                                                  cfg.generation.temperature)[0])
             for i, j in enumerate(rows):
                 r = rollouts[j]

@@ -18,8 +18,8 @@ Steps, all from a fixed seed:
    `<|im_end|>`; loss on the answer only. The learning rate is constant after warmup, so a
    shorter `--steps` gives the same model as stopping a longer build early: the default is
    chosen so the model is neither hopeless nor solved on the eval split;
-3. weights saved in float32 (MLX's CPU backend has no fast bfloat16 matmul: an RL update of
-   this model took 10x longer in bfloat16) with config.json, tokenizer files and
+3. weights saved in float32 (MLX's CPU backend has no fast bfloat16 matmul: RL steps on a
+   bfloat16 build were several times slower) with config.json, tokenizer files and
    generation_config.json, so
    `mlx_lm.load(out)` loads it like any Hugging Face model; pass@k on the eval split is measured
    through the trainer's own evaluation (chat template, sandboxed exec reward) and written with
