@@ -53,21 +53,32 @@ def build(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Sequence[f
     adv [N]. `ref_logprobs[i]` are the reference log-probs of rollout i's completion tokens."""
     rows = [list(r.prompt_tokens) + list(r.tokens) for r in rollouts]
     width = _round_up(max(len(x) for x in rows) - 1, pad_to) + 1
-    n = len(rows)
-    tokens = np.zeros((n, width), dtype=np.int32)
-    mask = np.zeros((n, width - 1), dtype=np.float32)
-    old = np.zeros((n, width - 1), dtype=np.float32)
-    ref = np.zeros((n, width - 1), dtype=np.float32) if ref_logprobs is not None else None
-    for i, (r, row) in enumerate(zip(rollouts, rows, strict=True)):
+    tokens = np.zeros((len(rows), width), dtype=np.int32)
+    for i, row in enumerate(rows):
         tokens[i, : len(row)] = row
-        start, stop = len(r.prompt_tokens) - 1, len(row) - 1
+    starts = [len(r.prompt_tokens) - 1 for r in rollouts]
+    return {"tokens": mx.array(tokens),
+            **_targets(rollouts, starts, width - 1, adv, weights, ref_logprobs)}
+
+
+def _targets(rollouts: Sequence[Rollout], starts: Sequence[int], width: int,
+             adv: Sequence[float], weights: Sequence[float],
+             ref_logprobs: Sequence[Sequence[float]] | None) -> dict[str, mx.array]:
+    """mask, weights, old_logp (and ref_logp) [N, width], rollout i's completion at columns
+    starts[i]..; adv [N]."""
+    n = len(rollouts)
+    mask = np.zeros((n, width), dtype=np.float32)
+    old = np.zeros((n, width), dtype=np.float32)
+    ref = np.zeros((n, width), dtype=np.float32) if ref_logprobs is not None else None
+    for i, (r, start) in enumerate(zip(rollouts, starts, strict=True)):
+        stop = start + len(r.tokens)
         mask[i, start:stop] = 1.0
         old[i, start:stop] = r.logprobs
         if ref is not None:
             ref[i, start:stop] = ref_logprobs[i]
     w = mask * np.asarray(weights, dtype=np.float32)[:, None]
-    out = {"tokens": mx.array(tokens), "mask": mx.array(mask), "weights": mx.array(w),
-           "old_logp": mx.array(old), "adv": mx.array(np.asarray(adv, dtype=np.float32))}
+    out = {"mask": mx.array(mask), "weights": mx.array(w), "old_logp": mx.array(old),
+           "adv": mx.array(np.asarray(adv, dtype=np.float32))}
     if ref is not None:
         out["ref_logp"] = mx.array(ref)
     return out
@@ -102,25 +113,11 @@ def build_shared(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Seq
         if len(q) > 1:
             prefix[g, lp - len(q) + 1:] = q[:-1]
     width = _round_up(max(max(len(r.tokens) for r in rollouts), 1), pad_to)
-    n = len(rollouts)
-    tokens = np.zeros((n, width + 1), dtype=np.int32)
-    mask = np.zeros((n, width), dtype=np.float32)
-    old = np.zeros((n, width), dtype=np.float32)
-    ref = np.zeros((n, width), dtype=np.float32) if ref_logprobs is not None else None
+    tokens = np.zeros((len(rollouts), width + 1), dtype=np.int32)
     for i, r in enumerate(rollouts):
-        k = len(r.tokens)
         tokens[i, 0] = r.prompt_tokens[-1]
-        tokens[i, 1:k + 1] = r.tokens
-        mask[i, :k] = 1.0
-        old[i, :k] = r.logprobs
-        if ref is not None:
-            ref[i, :k] = ref_logprobs[i]
-    w = mask * np.asarray(weights, dtype=np.float32)[:, None]
-    out = {"prefix": mx.array(prefix),
-           "prefix_len": mx.array(np.array([len(q) - 1 for q in prompts], dtype=np.int32)),
-           "group": mx.array(np.asarray(group, dtype=np.int32)),
-           "tokens": mx.array(tokens), "mask": mx.array(mask), "weights": mx.array(w),
-           "old_logp": mx.array(old), "adv": mx.array(np.asarray(adv, dtype=np.float32))}
-    if ref is not None:
-        out["ref_logp"] = mx.array(ref)
-    return out
+        tokens[i, 1:len(r.tokens) + 1] = r.tokens
+    return {"prefix": mx.array(prefix),
+            "prefix_len": mx.array(np.array([len(q) - 1 for q in prompts], dtype=np.int32)),
+            "group": mx.array(np.asarray(group, dtype=np.int32)), "tokens": mx.array(tokens),
+            **_targets(rollouts, [0] * len(rollouts), width, adv, weights, ref_logprobs)}
