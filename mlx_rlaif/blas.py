@@ -57,6 +57,16 @@ def fast_blas_env(env: Mapping[str, str] | None = None) -> dict[str, str] | None
     return env
 
 
+def without_fast_blas(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of `env` (default: os.environ) with any BLAS preload and thread setting removed:
+    MLX's bundled BLAS, for comparisons."""
+    env = dict(os.environ if env is None else env)
+    env["LD_PRELOAD"] = ":".join(p for p in env.get("LD_PRELOAD", "").split(":")
+                                 if p and "blas" not in p.lower())
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    return env
+
+
 def default_threads(cpus: int | None = None) -> int:
     """OpenBLAS threads: half the cores, at least 1. Python drives the decode loop and MLX's
     stream thread calls BLAS, so a pool as wide as the machine oversubscribes it: on 2 shared

@@ -9,7 +9,6 @@ Linux without libopenblas0-pthread).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_rlaif.blas import default_threads, fast_blas_env, find_fast_blas
+from mlx_rlaif.blas import default_threads, fast_blas_env, find_fast_blas, without_fast_blas
 
 _CHILD = r"""
 import sys
@@ -41,15 +40,6 @@ needs_openblas = pytest.mark.skipif(
     reason="no system OpenBLAS to preload (apt-get install libopenblas0-pthread)")
 
 
-def _plain_env() -> dict[str, str]:
-    """This process's environment without any BLAS preload (conftest may have added one)."""
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(p for p in env.get("LD_PRELOAD", "").split(":")
-                                 if p and "blas" not in p.lower())
-    env.pop("OPENBLAS_NUM_THREADS", None)
-    return env
-
-
 def _run(model: Path, out: Path, env: dict[str, str]) -> dict[str, np.ndarray]:
     subprocess.run([sys.executable, "-c", _CHILD, str(model), str(out)], env=env, check=True,
                    timeout=300)
@@ -59,7 +49,7 @@ def _run(model: Path, out: Path, env: dict[str, str]) -> dict[str, np.ndarray]:
 
 @needs_openblas
 def test_openblas_gives_the_same_numbers(micro_model: Path, tmp_path: Path):
-    plain = _plain_env()
+    plain = without_fast_blas()  # conftest may have preloaded it
     fast_env = fast_blas_env(plain)
     assert fast_env is not None
     fast = _run(micro_model, tmp_path / "fast.npz", fast_env)

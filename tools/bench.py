@@ -77,11 +77,10 @@ def fast_env(threads: int | None = None) -> dict[str, str]:
 
 
 def _plain_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(p for p in env.get("LD_PRELOAD", "").split(":")
-                                 if p and "blas" not in p.lower())
-    env.pop("OPENBLAS_NUM_THREADS", None)
-    return env
+    sys.path.insert(0, str(ROOT))
+    from mlx_rlaif.blas import without_fast_blas
+
+    return without_fast_blas()
 
 
 def slow_env() -> dict[str, str]:
