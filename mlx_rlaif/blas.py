@@ -7,6 +7,10 @@ with the same ABI (Debian's `libopenblas0-pthread`) makes the same matmul 10-20x
 only acts when a process starts, so the CLI (and the test suite's conftest) re-executes itself
 once with it set; `fast_blas_env()` gives the same environment to any other child process.
 
+The thread count is set per phase: decoding (matrix products a few rows tall) runs fastest on
+`default_threads()`; the reference pass and the update (hundreds of rows) use every core within
+`blas_threads()` (BENCHMARKS.md has the A/B).
+
 Covered: Linux, an OpenBLAS found at a known path or in $MLX_RLAIF_BLAS. Not covered: macOS
 (MLX uses Metal and Accelerate there: nothing to do), other BLAS vendors. Opt out with
 MLX_RLAIF_FAST_BLAS=0.
@@ -14,9 +18,12 @@ MLX_RLAIF_FAST_BLAS=0.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 CANDIDATES = (
@@ -68,11 +75,46 @@ def without_fast_blas(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def default_threads(cpus: int | None = None) -> int:
-    """OpenBLAS threads: half the cores, at least 1. Python drives the decode loop and MLX's
-    stream thread calls BLAS, so a pool as wide as the machine oversubscribes it: on 2 shared
-    cores 1 thread was as fast or faster than 2 for every matmul, forward/backward and RL step
-    measured (BENCHMARKS.md). Wider machines are untested: set OPENBLAS_NUM_THREADS to override."""
+    """OpenBLAS threads outside `blas_threads()`: half the cores, at least 1. Decoding multiplies
+    a few rows at a time, where a second thread only adds hand-off cost: on 2 cores 1 thread
+    decoded as fast or faster, while the training phases' products (hundreds of rows) ran 1.8x
+    faster on 2 (BENCHMARKS.md). Set OPENBLAS_NUM_THREADS to override."""
     return max(1, (cpus or os.cpu_count() or 2) // 2)
+
+
+def train_threads() -> int:
+    """OpenBLAS threads for the reference pass and the update: $MLX_RLAIF_TRAIN_THREADS, else
+    every core (0 leaves the count as it is)."""
+    v = os.environ.get("MLX_RLAIF_TRAIN_THREADS", "")
+    return int(v) if v.isdigit() else (os.cpu_count() or 1)
+
+
+@functools.cache
+def _openblas() -> tuple[object, object] | None:
+    """OpenBLAS's thread count (get, set) functions, where this process has OpenBLAS loaded."""
+    try:
+        lib = ctypes.CDLL(None)
+        return lib.openblas_get_num_threads, lib.openblas_set_num_threads
+    except (OSError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def blas_threads(n: int | None = None) -> Iterator[None]:
+    """Within the block, OpenBLAS uses `n` threads (default `train_threads()`); restored after.
+    A no-op without OpenBLAS (macOS, MLX's bundled BLAS) or for n = 0."""
+    n = train_threads() if n is None else n
+    fns = _openblas() if n > 0 else None
+    if fns is None:
+        yield
+        return
+    get, set_ = fns
+    before = get()
+    set_(n)
+    try:
+        yield
+    finally:
+        set_(before)
 
 
 def maybe_reexec_with_fast_blas(argv: list[str] | None = None) -> None:

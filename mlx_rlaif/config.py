@@ -104,6 +104,10 @@ class GenerationConfig:
     prefill_once: bool = opt(True, "Prefill each prompt once and share its KV cache with the G "
                              "completions of its group.")
     completion_batch_size: int = opt(0, "Most sequences decoded at once (0: all P x G).", _nonneg)
+    fuse_lora_max_mb: int = opt(256, "MLX: decode with the LoRA adapters fused into a temporary "
+                                "copy of the adapted weights when that copy takes at most this "
+                                "many MB (0: never; quantized weights: never). Small models decode "
+                                "faster fused; the copy costs memory.", _nonneg)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ import numpy as np
 
 from . import checkpoint
 from .backends.mlx import adapter_config_for, load_policy
+from .blas import blas_threads
 from .config import Config, dump
+from .cpu_kernels import fast_cpu_kernels
 from .records import Rollout, Task
 from .rollout import SamplingParams, sample
 from .update import make_optimizer, reference_logprobs, restore, update
@@ -43,8 +45,17 @@ class Ops:
 def mlx_ops() -> Ops:
     def sample_(run: Run, tasks: list[Task], seed: int) -> tuple[list[Rollout], dict]:
         mx.random.seed(seed)
-        return sample(run.policy.model, run.policy.tokenizer, tasks, SamplingParams.from_config(run.cfg.generation),
+        return sample(run.policy.model, run.policy.tokenizer, tasks,
+                      SamplingParams.from_config(run.cfg.generation),
                       run.cfg.generation.num_samples_per_prompt, run.format)
+
+    def reference_(run: Run, rollouts: list[Rollout]) -> list[np.ndarray]:
+        with fast_cpu_kernels(run.policy.model), blas_threads():
+            return reference_logprobs(run.policy.model, rollouts, run.cfg)
+
+    def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any) -> dict:
+        with fast_cpu_kernels(run.policy.model), blas_threads():
+            return update(run, rollouts, adv, ref)
 
     def save_(run: Run, name: str, extra: dict) -> Path:
         return checkpoint.save_checkpoint(run.run_dir, name, run.policy.model,
@@ -55,8 +66,7 @@ def mlx_ops() -> Ops:
         load=lambda cfg: load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
                                      cfg.training.seed, cfg.model.trust_remote_code),
         optimizer=lambda policy, cfg, n: make_optimizer(cfg, n), sample=sample_,
-        reference=lambda run, rs: reference_logprobs(run.policy.model, rs, run.cfg),
-        update=update, save=save_, restore=restore,
+        reference=reference_, update=update_, save=save_, restore=restore,
         mlx_model=lambda run, path: (run.policy.model, run.policy.tokenizer))
 
 

@@ -1,6 +1,7 @@
 """Rollouts: G completions for each of P prompts, all P x G decoding together.
 
-Built on mlx-lm's `BatchGenerator` with the live LoRA weights (no copy, no sync step). Each prompt
+Built on mlx-lm's `BatchGenerator` with the live LoRA weights (no sync step; small unquantized
+models decode with the adapters fused into a temporary copy, `backends.mlx.lora_fused`). Each prompt
 is prefilled once (`prefill_once`): its KV cache, holding all but the last prompt token, is given to
 the G members of its group, and `BatchKVCache.merge` copies it into the batch, so no group member
 recomputes it. The sampler's log-probability of each sampled token is kept, at the sampling
@@ -25,6 +26,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from .backends.mlx import lora_fused
+from .cpu_kernels import fast_cpu_kernels
 from .losses import logprobs_and_entropy
 from .records import Rollout, Task
 
@@ -37,11 +40,12 @@ class SamplingParams:
     max_new_tokens: int = 128
     prefill_once: bool = True
     completion_batch_size: int = 0  # 0: every sequence at once
+    fuse_lora_max_mb: int = 256  # backends.mlx.lora_fused (0: never)
 
     @classmethod
     def from_config(cls, gen: Any) -> SamplingParams:
         return cls(gen.temperature, gen.top_p, gen.top_k, gen.max_new_tokens, gen.prefill_once,
-                   gen.completion_batch_size)
+                   gen.completion_batch_size, gen.fuse_lora_max_mb)
 
 
 def format_prompt(tokenizer: Any, task: Task, chat_template: bool = True,
@@ -159,7 +163,8 @@ def sample(model: nn.Module, tokenizer: Any, tasks: Sequence[Task], params: Samp
     fmt = format or prompt_formatter(tokenizer)
     prompts_P = [fmt(t) for t in tasks]
     eos = sorted(getattr(tokenizer, "eos_token_ids", None) or {tokenizer.eos_token_id})
-    seqs, stats = generate(model, prompts_P, group_size, params, eos)
+    with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model):
+        seqs, stats = generate(model, prompts_P, group_size, params, eos)
     eos_set = set(eos)
     rollouts = []
     for i, s in enumerate(seqs):

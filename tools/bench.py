@@ -246,6 +246,8 @@ def bench_rl_vs_peer(plan: dict, common: dict, model: str, args: argparse.Namesp
     try:
         python = ensure_peer_venv(Path(args.peer_venv))
         out["peer"] = run_worker("peer", spec, fast_env(), python=python)
+        # the peer with OpenBLAS at 2 threads throughout (ours uses 2 only to train): its best?
+        out["peer_2_threads"] = run_worker("peer", spec, fast_env(2), python=python)
         duels = [run_worker("duel", spec, fast_env(), python=python)
                  for _ in range(plan["rounds"])]
     except (RuntimeError, SystemExit, subprocess.SubprocessError) as e:
@@ -321,6 +323,9 @@ def summarize(r: dict) -> dict:
         s["step_s_side_by_side"] = {side: {k: m(duel[side][k]) for k in STEP_KEYS}
                                     for side in ("ours", "peer")}
         s["step_s_peer_alone"] = {k: m(peer[k]) for k in STEP_KEYS}
+        if "peer_2_threads" in r["rl"]:
+            s["step_s_peer_alone_2_threads"] = {k: m(r["rl"]["peer_2_threads"][k])
+                                                for k in STEP_KEYS}
         s["decode_width_peer"] = peer["decode_width"]
         s["step_speedup_ours_vs_peer"] = m(duel["ratio"])
         s["mlx_peak_gb_tiny"]["peer"] = peer["mlx_peak_gb"]
@@ -585,8 +590,11 @@ def w_micro(spec: dict) -> dict:
     """In-process A/B of choices made in losses.py, batch.py and blas.py, cases alternating
     round-robin: the loss formulation (one pow-based exp pass vs mx.logsumexp + mx.exp, the
     formulation before), padding to 32 vs 8, mx.compile of forward+backward, the shared-prompt
-    forward (each prompt once for its group) vs every row in full, 1 vs 2 OpenBLAS threads, and
-    exp vs pow over a logits-sized array."""
+    forward (each prompt once for its group) vs every row in full, 1 vs 2 OpenBLAS threads, exp
+    vs pow over a logits-sized array, cpu_kernels.py's attention softmax and SwiGLU (alone and
+    with the 2 training threads, as `update` runs it), and a rollout with the LoRA adapters fused
+    for decoding vs not."""
+    from dataclasses import replace
     from functools import partial
 
     import mlx.core as mx
@@ -595,6 +603,7 @@ def w_micro(spec: dict) -> dict:
 
     from mlx_rlaif import batch as batching
     from mlx_rlaif import losses
+    from mlx_rlaif.cpu_kernels import fast_cpu_kernels
     from mlx_rlaif.rollout import sample
     from mlx_rlaif.train import _sampling, reference_logprobs
 
@@ -622,20 +631,34 @@ def w_micro(spec: dict) -> dict:
         finally:
             losses.logprobs_and_entropy = new
 
-    def threads(n: int) -> Any:
+    def threads(n: int, mb: dict | None = None) -> Any:
         blas.openblas_set_num_threads(n)
-        return vg(model, mbs[8])
+        return vg(model, mbs[8] if mb is None else mb)
+
+    def kernels(n: int | None = None) -> Any:
+        with fast_cpu_kernels(model):
+            return vg(model, shared) if n is None else threads(n, shared)  # graph built here
+
+    def rollout(fuse_mb: int) -> Any:
+        params = replace(_sampling(cfg), fuse_lora_max_mb=fuse_mb)
+        sample(model, run.policy.tokenizer, ours.tasks, params,
+               cfg.generation.num_samples_per_prompt, run.format)
+        return mx.array(0)
 
     cases = {"fwd_bwd_pad32_mx_exp_formulation": old_formulation,
              "fwd_bwd_pad32": lambda: vg(model, mbs[32]), "fwd_bwd_pad8": lambda: vg(model, mbs[8]),
              "fwd_bwd_pad8_compiled": lambda: compiled(mbs[8]),
              "fwd_bwd_pad8_shared_prompt": lambda: vg(model, shared),
+             "fwd_bwd_pad8_shared_prompt_cpu_kernels": kernels,
+             "rollout_lora_unfused": lambda: rollout(0),
+             "rollout_lora_fused": lambda: rollout(256),
              "exp_8x128x4096": lambda: mx.exp(x),
              "pow2_8x128x4096": lambda: mx.power(2.0, x * 1.4426950408889634)}
     default = int(os.environ.get("OPENBLAS_NUM_THREADS", "1"))
     if blas is not None:
         cases.update({"fwd_bwd_pad8_openblas_1_thread": lambda: threads(1),
-                      "fwd_bwd_pad8_openblas_2_threads": lambda: threads(2)})
+                      "fwd_bwd_pad8_openblas_2_threads": lambda: threads(2),
+                      "fwd_bwd_pad8_shared_prompt_cpu_kernels_2_threads": lambda: kernels(2)})
     times: dict[str, list[float]] = {k: [] for k in cases}
     for i in range(spec["reps"] + 1):  # round 0 is the warm-up
         for k, f in cases.items():

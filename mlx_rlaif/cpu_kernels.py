@@ -1,0 +1,110 @@
+"""Faster attention softmax and SwiGLU on MLX's CPU backend, for the duration of a phase.
+
+On MLX's CPU build the transcendental element-wise ops are slow: `mx.exp`, `mx.sigmoid` (so
+`nn.silu` and mlx-lm's `swiglu`) and the softmax inside `mx.fast.scaled_dot_product_attention`
+run at 10-15 ns per element, 3-4x slower than `mx.power(2, x)`. On the tiny model's training
+forward that is most of the non-matmul time (BENCHMARKS.md). `fast_cpu_kernels(model)` swaps, for
+the duration of a `with` block, the `swiglu` and `scaled_dot_product_attention` that the model's
+mlx-lm architecture modules call for versions written with 2**(x log2 e), and restores them on
+exit. They are equal to mlx-lm's up to float32 rounding (tests/test_cpu_kernels.py), and MLX
+differentiates them as usual.
+
+Covered: mlx-lm architectures that import these two functions (Llama, Qwen2/3, Mistral, Phi-3 and
+most others), boolean, additive and "causal" masks, grouped-query attention. Not covered (mlx-lm's
+own functions run): the GPU (Metal's fused kernels are fast), one-token queries (decoding: too
+little element-wise work to matter), attention sinks, quantized KV caches. Opt out with
+MLX_RLAIF_CPU_KERNELS=0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import activations
+from mlx_lm.models import base as mlx_lm_base
+
+_LOG2E = 1.4426950408889634
+_MASKED = -1e30  # not -inf: a row with every key masked stays finite (uniform), as a pad row
+
+
+def _exp2e(x: mx.array) -> mx.array:
+    return mx.power(2.0, x * _LOG2E)
+
+
+@partial(mx.compile, shapeless=True)
+def swiglu(gate: mx.array, x: mx.array) -> mx.array:
+    """silu(gate) * x. The exponent is capped so that very negative gates give 0, not nan,
+    in the backward pass."""
+    return gate * x / (1.0 + mx.power(2.0, mx.minimum(gate * -_LOG2E, 126.0)))
+
+
+def _bool_mask(mask: Any, q_len: int, k_len: int) -> mx.array | None:
+    """mlx-lm's mask argument as a boolean array broadcastable to [B, H, q, k], or None."""
+    if mask is None:
+        return None
+    if isinstance(mask, str):  # "causal", aligned to the last keys as mx.fast's is
+        return mx.arange(k_len)[None] <= (mx.arange(q_len) + (k_len - q_len))[:, None]
+    return mask
+
+
+def scaled_dot_product_attention(queries: mx.array, keys: mx.array, values: mx.array,
+                                 cache: Any, scale: float, mask: Any,
+                                 sinks: mx.array | None = None) -> mx.array:
+    """mlx-lm's `base.scaled_dot_product_attention`, with the softmax computed as 2**x.
+
+    queries [B, Hq, L, D], keys/values [B, Hk, S, D] with Hq a multiple of Hk."""
+    if sinks is not None or hasattr(cache, "bits") or queries.shape[2] == 1:
+        return mlx_lm_base.scaled_dot_product_attention(queries, keys, values, cache, scale,
+                                                        mask, sinks)
+    B, Hq, L, D = queries.shape
+    Hk, S = keys.shape[1], keys.shape[2]
+    q = (queries * scale).reshape(B, Hk, Hq // Hk, L, D)  # the query heads that share a key head
+    s = (q @ keys[:, :, None].swapaxes(-1, -2)).astype(mx.float32)  # [B, Hk, rep, L, S]
+    m = _bool_mask(mask, L, S)
+    if m is not None:
+        m = m[:, :, None] if m.ndim == 4 else m
+        s = mx.where(m, s, _MASKED) if m.dtype == mx.bool_ else s + m.astype(s.dtype)
+    e = _exp2e(s - mx.stop_gradient(s.max(axis=-1, keepdims=True)))
+    p = (e / e.sum(axis=-1, keepdims=True)).astype(values.dtype)
+    return (p @ values[:, :, None]).reshape(B, Hq, L, values.shape[-1])
+
+
+_SWAPS = ((activations.swiglu, swiglu),
+          (mlx_lm_base.scaled_dot_product_attention, scaled_dot_product_attention))
+
+
+def enabled() -> bool:
+    return mx.default_device() == mx.cpu and os.environ.get("MLX_RLAIF_CPU_KERNELS") != "0"
+
+
+def _arch_modules(model: nn.Module) -> list[ModuleType]:
+    names = {type(m).__module__ for _, m in model.named_modules()}
+    return [sys.modules[n] for n in sorted(names)
+            if n.startswith("mlx_lm.models.") and n in sys.modules]
+
+
+@contextlib.contextmanager
+def fast_cpu_kernels(model: nn.Module) -> Iterator[None]:
+    """Within the block, `model`'s architecture modules use this module's kernels (CPU only)."""
+    if not enabled():
+        yield
+        return
+    swapped = [(mod, name, old) for mod in _arch_modules(model)
+               for name, old in vars(mod).copy().items()
+               for orig, _ in _SWAPS if old is orig]
+    new = {id(orig): fast for orig, fast in _SWAPS}
+    for mod, name, old in swapped:
+        setattr(mod, name, new[id(old)])
+    try:
+        yield
+    finally:
+        for mod, name, old in swapped:
+            setattr(mod, name, old)

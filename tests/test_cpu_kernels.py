@@ -1,0 +1,139 @@
+"""The speed-only swaps give the same numbers: the CPU attention softmax and SwiGLU
+(cpu_kernels.py) against mlx-lm's, the fused-LoRA decode layers (backends.mlx.lora_fused) against
+the adapters, and the per-phase OpenBLAS thread count (blas.blas_threads) is set and restored."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm.models.qwen2 as qwen2
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models import activations
+from mlx_lm.models import base as mlx_lm_base
+from mlx_lm.tuner.lora import LoRALinear
+
+from mlx_rlaif import blas, cpu_kernels
+from mlx_rlaif.backends.mlx import fused_lora_bytes, load_policy, lora_fused, lora_modules
+from mlx_rlaif.cpu_kernels import fast_cpu_kernels, scaled_dot_product_attention, swiglu
+
+
+def _close(a: mx.array, b: mx.array, tol: float = 2e-5) -> None:
+    np.testing.assert_allclose(np.array(a), np.array(b), rtol=tol, atol=tol)
+
+
+def test_swiglu_values_and_gradient() -> None:
+    g = mx.array([-300.0, -90.0, -20.0, -1.5, -1e-3, 0.0, 0.7, 3.0, 40.0, 300.0])
+    x = mx.linspace(-2.0, 2.0, g.size)
+    _close(swiglu(g, x), activations.swiglu(g, x))
+    fast = mx.grad(lambda a, b: swiglu(a, b).sum(), argnums=(0, 1))(g, x)
+    ref = mx.grad(lambda a, b: (nn.silu(a) * b).sum(), argnums=(0, 1))(g, x)
+    for f, r in zip(fast, ref, strict=True):
+        assert bool(mx.isfinite(f).all())  # no nan from an overflowing exponent
+        _close(f, r)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive"])
+@pytest.mark.parametrize(("L", "S"), [(5, 5), (3, 7)])
+def test_attention_matches_mlx_fast(mask_kind: str, L: int, S: int) -> None:
+    mx.random.seed(0)
+    B, Hq, Hk, D = 2, 4, 2, 8  # grouped-query: 2 query heads per key head
+    q, k, v = (mx.random.normal((B, h, n, D)) for h, n in ((Hq, L), (Hk, S), (Hk, S)))
+    mask: object = {"none": None, "causal": "causal",
+                    "bool": mx.random.uniform(shape=(B, 1, L, S)) > 0.3,
+                    "additive": mx.random.normal((L, S))}[mask_kind]
+    if mask_kind == "bool":
+        mask = mask | (mx.arange(S) == S - 1)  # every query sees at least one key
+
+    def f(fn: object, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+        return fn(q, k, v, None, 0.35, mask)
+
+    ours = f(scaled_dot_product_attention, q, k, v)
+    ref = f(mlx_lm_base.scaled_dot_product_attention, q, k, v)
+    _close(ours, ref)
+    gv = mx.random.normal(ref.shape)
+    g_ours = mx.grad(lambda *a: (f(scaled_dot_product_attention, *a) * gv).sum(),
+                     argnums=(0, 1, 2))(q, k, v)
+    g_ref = mx.grad(lambda *a: (f(mlx_lm_base.scaled_dot_product_attention, *a) * gv).sum(),
+                    argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(g_ours, g_ref, strict=True):
+        _close(a, b, 1e-4)
+
+
+def test_swap_is_scoped_and_model_output_unchanged(micro_model: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = load_policy(str(micro_model))
+    model = policy.model
+    tokens = mx.array([[5, 9, 13, 2, 7, 30]])
+    ref = model(tokens)
+    assert qwen2.swiglu is activations.swiglu
+    with fast_cpu_kernels(model):
+        if mx.default_device() == mx.cpu:
+            assert qwen2.swiglu is swiglu
+            assert qwen2.scaled_dot_product_attention is scaled_dot_product_attention
+        with fast_cpu_kernels(model):  # nested: the inner block leaves the outer swap alone
+            pass
+        if mx.default_device() == mx.cpu:
+            assert qwen2.swiglu is swiglu
+        ours = model(tokens)
+    assert qwen2.swiglu is activations.swiglu
+    assert qwen2.scaled_dot_product_attention is mlx_lm_base.scaled_dot_product_attention
+    _close(ours, ref, 1e-4)
+    monkeypatch.setenv("MLX_RLAIF_CPU_KERNELS", "0")
+    assert not cpu_kernels.enabled()
+    with fast_cpu_kernels(model):
+        assert qwen2.swiglu is activations.swiglu
+
+
+def test_lora_fused_decodes_the_same_and_restores(micro_model: Path) -> None:
+    policy = load_policy(str(micro_model))
+    model = policy.model
+    mx.random.seed(3)
+    for m in lora_modules(model):
+        m.lora_b = 0.05 * mx.random.normal(m.lora_b.shape)
+    before = dict(tree_flatten(model.trainable_parameters()))
+    tokens = mx.array([[5, 9, 13, 2, 7, 30], [8, 8, 1, 4, 2, 3]])
+    ref = model(tokens)
+    size = fused_lora_bytes(model)
+    assert size is not None and size > 0
+    with lora_fused(model, size) as fused:
+        assert fused
+        assert not lora_modules(model)  # plain layers while fused
+        out = model(tokens)
+    _close(out, ref, 1e-4)
+    assert len(lora_modules(model)) == len(before) // 2  # the adapters are back, untouched
+    after = dict(tree_flatten(model.trainable_parameters()))
+    assert after.keys() == before.keys()
+    assert all(after[k] is before[k] for k in before)
+    with lora_fused(model, size - 1) as fused:  # over the threshold: left alone
+        assert not fused and lora_modules(model)
+
+
+def test_lora_fused_never_for_quantized(micro_model: Path) -> None:
+    policy = load_policy(str(micro_model))
+    nn.quantize(policy.model, group_size=32, bits=8,
+                class_predicate=lambda _, m: isinstance(m, nn.Linear)
+                and m.weight.shape[-1] % 32 == 0)
+    if not any(isinstance(m.linear, nn.QuantizedLinear) for m in lora_modules(policy.model)
+               if isinstance(m, LoRALinear)):
+        pytest.skip("no adapted layer could be quantized in this model")
+    assert fused_lora_bytes(policy.model) is None
+    with lora_fused(policy.model, 2**40) as fused:
+        assert not fused
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or blas._openblas() is None,
+                    reason="OpenBLAS is not loaded in this process")
+def test_blas_threads_set_and_restored() -> None:
+    get = blas._openblas()[0]
+    before = get()
+    with blas.blas_threads(2):
+        assert get() == 2
+        with blas.blas_threads(0):  # 0: leave it
+            assert get() == 2
+    assert get() == before
+
