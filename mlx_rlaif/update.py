@@ -3,7 +3,7 @@
 `update(run, rollouts, adv, ref)` takes `num_iterations` optimizer steps on one rollout batch.
 Gradients of micro-batches are summed; the aggregation weights (batch.py) make the sum equal the
 whole-batch gradient. A non-finite loss or gradient norm skips the step and is counted. The
-reference log-probs come from the same weights with the LoRA scale at 0.
+reference log-probs come from the same weights with the LoRA layers bypassed.
 
 Not covered: gradient checkpointing, mixed precision beyond what the model's dtype gives.
 """
@@ -80,7 +80,7 @@ def apply_update(run: Run, grads: Any, loss: mx.array) -> float:
 
 def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
                        ) -> list[np.ndarray]:
-    """Log-probs of each completion under the frozen base (same weights, LoRA scale 0)."""
+    """Log-probs of each completion under the frozen base (same weights, LoRA layers bypassed)."""
     out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rollouts)
     zeros = [0.0] * len(rollouts)
     with lora_disabled(model):

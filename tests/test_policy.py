@@ -42,13 +42,18 @@ def test_lora_off_logprobs_equal_base_exactly(micro_model: Path):
     policy = load_policy(str(micro_model))
     _perturb_lora(policy.model)
     toks = _tokens()
+    n_lora = len(lora_modules(policy.model))
     with_lora, _ = token_logprobs(policy.model, toks)
     with lora_disabled(policy.model):
+        assert not lora_modules(policy.model)
         off, _ = token_logprobs(policy.model, toks)
     ref, _ = token_logprobs(base, toks)
     assert not np.allclose(np.array(with_lora), np.array(ref))  # the adapter matters
     assert np.array_equal(np.array(off), np.array(ref))  # bit-for-bit the base
-    assert all(m.scale == policy.lora.scale for m in lora_modules(policy.model))  # restored
+    mods = lora_modules(policy.model)
+    assert len(mods) == n_lora and all(m.scale == policy.lora.scale for m in mods)  # restored
+    again, _ = token_logprobs(policy.model, toks)
+    assert np.array_equal(np.array(again), np.array(with_lora))
 
 
 def test_sampler_logprobs_match_recomputed(micro_model: Path):

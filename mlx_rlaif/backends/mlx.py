@@ -1,5 +1,5 @@
 """The MLX policy: one model, LoRA adapters on it, and the frozen base as the same weights with
-the LoRA scale at 0.
+the LoRA layers bypassed.
 
 Covered: any model directory or hub id mlx-lm loads (quantized included), LoRA through mlx-lm's
 tuner (rank, scale, dropout, keys, number of layers), starting from saved adapters, log-probs of
@@ -107,20 +107,22 @@ def lora_modules(model: nn.Module) -> list[nn.Module]:
 
 @contextlib.contextmanager
 def lora_disabled(model: nn.Module) -> Iterator[None]:
-    """The frozen base model: the same weights with every LoRA scale set to 0.
+    """The frozen base model: within the block each LoRA layer is replaced by the layer it wraps
+    (its `linear` or `embedding`), and put back on exit.
 
-    y = base(x) + 0 * lora(x) equals base(x) exactly (for finite adapters), so no second copy of
-    the weights is needed for the KL reference.
+    That computes base(x) exactly, with no second copy of the weights for the KL reference, and
+    skips the adapters' products (setting their scale to 0 would still compute them).
     """
-    mods = lora_modules(model)
-    scales = [m.scale for m in mods]
-    for m in mods:
-        m.scale = 0.0
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, _LORA_TYPES)]
+    model.update_modules(tree_unflatten([(n, _wrapped(m)) for n, m in mods]))
     try:
         yield
     finally:
-        for m, s in zip(mods, scales, strict=True):
-            m.scale = s
+        model.update_modules(tree_unflatten(mods))
+
+
+def _wrapped(layer: nn.Module) -> nn.Module:
+    return layer.embedding if isinstance(layer, LoRAEmbedding) else layer.linear
 
 
 def fused_lora_bytes(model: nn.Module) -> int | None:
