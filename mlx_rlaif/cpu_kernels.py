@@ -39,26 +39,78 @@ def _exp2e(x: mx.array) -> mx.array:
     return mx.power(2.0, x * _LOG2E)
 
 
+def _sigmoid(x: mx.array) -> mx.array:
+    """1 / (1 + e**-x). The exponent is capped so that very negative inputs give 0, not a nan
+    from inf / inf in a gradient."""
+    return 1.0 / (1.0 + mx.power(2.0, mx.minimum(x * -_LOG2E, 126.0)))
+
+
 @partial(mx.compile, shapeless=True)
+def _swiglu(gate: mx.array, x: mx.array) -> mx.array:
+    return gate * _sigmoid(gate) * x
+
+
+@partial(mx.compile, shapeless=True)
+def _swiglu_vjp(gate: mx.array, x: mx.array, cotangent: mx.array) -> tuple[mx.array, mx.array]:
+    s = _sigmoid(gate)
+    silu = gate * s
+    return cotangent * x * (s + silu * (1.0 - s)), cotangent * silu
+
+
+@mx.custom_function
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
-    """silu(gate) * x. The exponent is capped so that very negative gates give 0, not nan,
-    in the backward pass."""
-    return gate * x / (1.0 + mx.power(2.0, mx.minimum(gate * -_LOG2E, 126.0)))
+    """silu(gate) * x. The backward recomputes the sigmoid from the inputs, so the forward keeps
+    no intermediate of its own for it (less memory than differentiating the formula)."""
+    return _swiglu(gate, x)
 
 
-def _bool_mask(mask: Any, q_len: int, k_len: int) -> mx.array | None:
-    """mlx-lm's mask argument as a boolean array broadcastable to [B, H, q, k], or None."""
+@swiglu.vjp
+def _swiglu_grad(primals: tuple[mx.array, mx.array], cotangent: mx.array,
+                 output: mx.array) -> tuple[mx.array, mx.array]:
+    return _swiglu_vjp(*primals, cotangent)
+
+
+def _mask_array(mask: Any, q_len: int, k_len: int) -> mx.array:
+    """mlx-lm's mask argument as an array broadcastable to [B, H, q, k]: boolean (True: attend)
+    or additive."""
     if mask is None:
-        return None
+        return mx.array(True)
     if isinstance(mask, str):  # "causal", aligned to the last keys as mx.fast's is
         return mx.arange(k_len)[None] <= (mx.arange(q_len) + (k_len - q_len))[:, None]
     return mask
 
 
+def _probs(q: mx.array, k: mx.array, mask: mx.array) -> mx.array:
+    """softmax(q k^T + mask) in float32, q already scaled. q [..., L, D], k [..., S, D]."""
+    s = (q @ k.swapaxes(-1, -2)).astype(mx.float32)
+    s = mx.where(mask, s, _MASKED) if mask.dtype == mx.bool_ else s + mask.astype(s.dtype)
+    e = _exp2e(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@mx.custom_function
+def _attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array) -> mx.array:
+    """q [B, Hk, rep, L, D] (scaled), k/v [B, Hk, 1, S, D] -> [B, Hk, rep, L, D]."""
+    return _probs(q, k, mask).astype(v.dtype) @ v
+
+
+@_attention.vjp
+def _attention_grad(primals: tuple, cotangent: mx.array, output: mx.array) -> tuple:
+    """The probabilities are recomputed from q and k, so the forward keeps nothing of its own."""
+    q, k, v, mask = primals
+    p = _probs(q, k, mask)
+    dv = (p.astype(v.dtype).swapaxes(-1, -2) @ cotangent).sum(axis=2, keepdims=True)
+    dp = (cotangent @ v.swapaxes(-1, -2)).astype(mx.float32)
+    ds = (p * (dp - (dp * p).sum(axis=-1, keepdims=True))).astype(q.dtype)
+    dk = (ds.swapaxes(-1, -2) @ q).sum(axis=2, keepdims=True)
+    return ds @ k, dk, dv, mx.zeros_like(mask)
+
+
 def scaled_dot_product_attention(queries: mx.array, keys: mx.array, values: mx.array,
                                  cache: Any, scale: float, mask: Any,
                                  sinks: mx.array | None = None) -> mx.array:
-    """mlx-lm's `base.scaled_dot_product_attention`, with the softmax computed as 2**x.
+    """mlx-lm's `base.scaled_dot_product_attention`, with the softmax computed as 2**x and a
+    backward that recomputes it.
 
     queries [B, Hq, L, D], keys/values [B, Hk, S, D] with Hq a multiple of Hk."""
     if sinks is not None or hasattr(cache, "bits") or queries.shape[2] == 1:
@@ -66,15 +118,11 @@ def scaled_dot_product_attention(queries: mx.array, keys: mx.array, values: mx.a
                                                         mask, sinks)
     B, Hq, L, D = queries.shape
     Hk, S = keys.shape[1], keys.shape[2]
-    q = (queries * scale).reshape(B, Hk, Hq // Hk, L, D)  # the query heads that share a key head
-    s = (q @ keys[:, :, None].swapaxes(-1, -2)).astype(mx.float32)  # [B, Hk, rep, L, S]
-    m = _bool_mask(mask, L, S)
-    if m is not None:
-        m = m[:, :, None] if m.ndim == 4 else m
-        s = mx.where(m, s, _MASKED) if m.dtype == mx.bool_ else s + m.astype(s.dtype)
-    e = _exp2e(s - mx.stop_gradient(s.max(axis=-1, keepdims=True)))
-    p = (e / e.sum(axis=-1, keepdims=True)).astype(values.dtype)
-    return (p @ values[:, :, None]).reshape(B, Hq, L, values.shape[-1])
+    m = _mask_array(mask, L, S)
+    m = m[:, :, None] if m.ndim == 4 else m  # [B, H, L, S] -> [B, H, 1, L, S]
+    q = (queries * scale).reshape(B, Hk, Hq // Hk, L, D)  # the query heads sharing a key head
+    out = _attention(q, keys[:, :, None], values[:, :, None], m)
+    return out.reshape(B, Hq, L, values.shape[-1])
 
 
 _SWAPS = ((activations.swiglu, swiglu),

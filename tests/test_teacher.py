@@ -550,7 +550,9 @@ def test_mix_of_syntax_and_teacher(server):
     cfg = cfg_for(server, "openai")
     mix = MixReward([(SyntaxReward(), 0.5), (TeacherReward(cfg), 0.5)])
     try:
-        server.push(Say("garbage"))
+        # garbage for the broken completion's request, whichever of the two arrives first
+        server.responder = lambda req: (Say("garbage") if "def f(:" in req.text
+                                        else server.default_responder(req))
         bad, good = mix.score([TASK, TASK], ["def f(:", CODE])
         assert good.value == pytest.approx(0.5 * 1.0 + 0.5 * 0.55)
         assert good.parts["syntax"] == 1.0 and good.parts["teacher"] == pytest.approx(0.55)
