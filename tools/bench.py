@@ -1,6 +1,6 @@
 """Benchmarks: mlx-rlaif side by side with mlx-lm's `batch_generate` and mlx-lm-lora's GRPO.
 
-    python tools/bench.py            # full run: about 8 minutes on 2 busy cores
+    python tools/bench.py            # full run: about 9 minutes on 2 cores
     python tools/bench.py --quick    # about 3 minutes: fewer repetitions, 16-token 0.5B step
     python tools/bench.py --quick --no-big --group 8    # other P x G x tokens: --prompts, --group,
                                                         # --max-tokens; results in --out (JSON)
@@ -14,11 +14,14 @@ What it measures (BENCHMARKS.md explains each figure and has the latest results)
   FLOPs per token), MLX peak memory and process RSS;
 - mlx-lm-lora 5.10.2's GRPO step (`train_grpo`) on the same model, prompts, P, G, max tokens and
   sampler, installed by this script into its own virtual environment (.bench/peer-venv) with the
-  same BLAS preload: each alone in its own process (memory), then side by side, both in one
-  process per round (the peer's environment) alternating step by step;
+  same BLAS preload: each alone in its own process (memory; the peer also with 2 OpenBLAS
+  threads), then side by side, both in one process per round (the peer's environment)
+  alternating step by step;
 - our RL step without the fast BLAS, and with 1 vs 2 OpenBLAS threads;
-- A/B in one process of choices in losses.py / batch.py / blas.py: the loss formulation (one
-  pow-based exp pass vs mx.logsumexp + mx.exp), padding to 32 vs 8, mx.compile, threads;
+- A/B in one process of choices in losses.py / batch.py / blas.py / cpu_kernels.py /
+  backends.mlx: the loss formulation (one pow-based exp pass vs mx.logsumexp + mx.exp), padding
+  to 32 vs 8, mx.compile, threads, the shared-prompt forward, the CPU attention and SwiGLU, a
+  rollout with the LoRA adapters fused for decoding vs not;
 - on the Qwen2.5-0.5B shape: peak memory with the KL reference on and off.
 
 Models are random-weight Qwen2s built locally (`mlx_rlaif.randmodel`, cached in .bench/models).
