@@ -71,12 +71,13 @@ def mlx_ops() -> Ops:
 
 
 def torch_ops() -> Ops:
-    """The CUDA fallback (backends/torch.py): the same loop on transformers + PEFT."""
-    from .backends import torch as tb
+    """The CUDA fallback (backends/torch*.py): the same loop on transformers + PEFT."""
+    from .backends import torch as tb  # first: its import guard names a missing package
+    from .backends import torch_rollout, torch_update
     from .export import load_with_adapters
 
     def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any) -> dict:
-        m, run.skipped = tb.update(run.policy, run.optimizer, rollouts, adv, ref, run.cfg,
+        m, run.skipped = torch_update.update(run.policy, run.optimizer, rollouts, adv, ref, run.cfg,
                                    run.state.kl_coef, run.skipped)
         return m
 
@@ -84,11 +85,11 @@ def torch_ops() -> Ops:
         load=lambda cfg: tb.load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
                                         cfg.training.seed, cfg.model.trust_remote_code,
                                         cfg.model.device or None),
-        optimizer=tb.make_optimizer,
-        sample=lambda run, tasks, seed: tb.sample(
+        optimizer=torch_update.make_optimizer,
+        sample=lambda run, tasks, seed: torch_rollout.sample(
             run.policy, tasks, SamplingParams.from_config(run.cfg.generation), run.cfg.generation.num_samples_per_prompt,
             run.format, seed=seed),
-        reference=lambda run, rs: tb.reference_logprobs(run.policy, rs, run.cfg),
+        reference=lambda run, rs: torch_update.reference_logprobs(run.policy, rs, run.cfg),
         update=update_,
         save=lambda run, name, extra: tb.save_checkpoint(
             run.policy, run.optimizer, run.run_dir, name, run.state, extra, dump(run.cfg)),

@@ -21,6 +21,8 @@ pytest.importorskip("peft")
 from mlx_rlaif import checkpoint  # noqa: E402
 from mlx_rlaif.backends import mlx as mb  # noqa: E402
 from mlx_rlaif.backends import torch as tb  # noqa: E402
+from mlx_rlaif.backends import torch_rollout as tr  # noqa: E402
+from mlx_rlaif.backends import torch_update as tu  # noqa: E402
 from mlx_rlaif.batch import aggregation_weights, build  # noqa: E402
 from mlx_rlaif.config import LoraConfig  # noqa: E402
 from mlx_rlaif.config import load as load_config  # noqa: E402
@@ -60,7 +62,7 @@ def _batch(rollouts, adv=None, ref=None, agg="token"):
 def rollouts(micro_model: Path):
     policy = tb.load_policy(str(micro_model), device="cpu")
     _perturb(policy)
-    out, _ = tb.sample(policy, TASKS, SamplingParams(temperature=1.0, max_new_tokens=10), 3,
+    out, _ = tr.sample(policy, TASKS, SamplingParams(temperature=1.0, max_new_tokens=10), 3,
                        seed=11)
     return out
 
@@ -72,10 +74,10 @@ def test_lora_off_logprobs_equal_base_exactly(micro_model: Path, rollouts):
     policy = tb.load_policy(str(micro_model), device="cpu")
     _perturb(policy)
     cfg = load_config(None, ["training.micro_batch_size=4"])
-    ref = tb.reference_logprobs(policy, rollouts, cfg)
+    ref = tu.reference_logprobs(policy, rollouts, cfg)
     expected = []
     for s in (slice(0, 4), slice(4, 6)):  # the same micro-batches: bit-for-bit the same math
-        b = tb.to_torch(_batch(rollouts[s]), torch.device("cpu"))
+        b = tu.to_torch(_batch(rollouts[s]), torch.device("cpu"))
         with torch.no_grad():
             lp = tb.token_logprobs(base, b["tokens"])[0].numpy()
         expected += [lp[i, len(r.prompt_tokens) - 1:][: len(r.tokens)]
@@ -91,27 +93,27 @@ def test_sampler_logprobs_match_recomputed(micro_model: Path):
     policy = tb.load_policy(str(micro_model), device="cpu")
     _perturb(policy)
     params = SamplingParams(temperature=0.7, max_new_tokens=16)
-    rollouts, stats = tb.sample(policy, TASKS, params, 3, seed=0)
+    rollouts, stats = tr.sample(policy, TASKS, params, 3, seed=0)
     assert len(rollouts) == 6 and stats["gen/decode_width"] == 6  # all P x G at once
     assert {"gen/tokens", "gen/seconds", "gen/tokens_per_sec"} <= set(stats)
     assert [r.task.id for r in rollouts] == ["a"] * 3 + ["b"] * 3
     assert len({len(r.prompt_tokens) for r in rollouts}) == 2  # left padding is exercised
-    b = tb.to_torch(_batch(rollouts), torch.device("cpu"))
+    b = tu.to_torch(_batch(rollouts), torch.device("cpu"))
     with torch.no_grad():
         logp = tb.token_logprobs(policy.model, b["tokens"], temperature=0.7)[0]
     diff = ((logp - b["old_logp"]).abs() * b["mask"]).max().item()
     assert diff < 2e-3
     assert b["mask"].sum().item() == stats["gen/tokens"] == sum(len(r.tokens) for r in rollouts)
-    again, _ = tb.sample(policy, TASKS, params, 3, seed=0)
+    again, _ = tr.sample(policy, TASKS, params, 3, seed=0)
     assert [r.tokens for r in again] == [r.tokens for r in rollouts]  # seeded
-    chunked, st = tb.sample(policy, TASKS, replace(params, completion_batch_size=4), 3, seed=0)
+    chunked, st = tr.sample(policy, TASKS, replace(params, completion_batch_size=4), 3, seed=0)
     assert st["gen/decode_width"] == 4 and len(chunked) == 6
 
 
 def _raw_mass_above_and_rank(policy: tb.TorchPolicy, params: SamplingParams):
     """For each sampled token: the untempered probability mass of likelier tokens, its rank."""
-    rollouts, _ = tb.sample(policy, TASKS, params, 4, seed=2)
-    b = tb.to_torch(_batch(rollouts), torch.device("cpu"))
+    rollouts, _ = tr.sample(policy, TASKS, params, 4, seed=2)
+    b = tu.to_torch(_batch(rollouts), torch.device("cpu"))
     with torch.no_grad():
         raw = torch.softmax(policy.model(input_ids=b["tokens"][:, :-1]).logits, -1)
     picked = raw.gather(-1, b["tokens"][:, 1:, None])[..., 0]
@@ -133,9 +135,9 @@ def test_truncation_acts_on_the_untempered_distribution(micro_model: Path):
 
 def test_kl_estimators():  # the MLX test's numbers
     logp, ref, d = torch.tensor([0.0]), torch.tensor([math.log(0.5)]), math.log(0.5)
-    assert tb.kl_estimate(logp, ref, "k1").item() == pytest.approx(-d)  # 0.6931
-    assert tb.kl_estimate(logp, ref, "k2").item() == pytest.approx(0.5 * d * d)  # 0.2402
-    assert tb.kl_estimate(logp, ref, "k3").item() == pytest.approx(0.5 - d - 1)  # 0.1931
+    assert tu.kl_estimate(logp, ref, "k1").item() == pytest.approx(-d)  # 0.6931
+    assert tu.kl_estimate(logp, ref, "k2").item() == pytest.approx(0.5 * d * d)  # 0.2402
+    assert tu.kl_estimate(logp, ref, "k3").item() == pytest.approx(0.5 - d - 1)  # 0.1931
 
 
 @pytest.mark.parametrize("ratio, adv, loss, clipped", [
@@ -147,15 +149,15 @@ def test_kl_estimators():  # the MLX test's numbers
 ])
 def test_clipped_surrogate(ratio, adv, loss, clipped):
     logp = torch.tensor([[math.log(ratio)]])
-    pg, r, c = tb.clipped_surrogate(logp, torch.zeros(1, 1), torch.tensor([adv]), 0.2, 0.28)
+    pg, r, c = tu.clipped_surrogate(logp, torch.zeros(1, 1), torch.tensor([adv]), 0.2, 0.28)
     assert pg.item() == pytest.approx(loss, rel=1e-5)
     assert r.item() == pytest.approx(ratio, rel=1e-5)
     assert bool(c.item()) is clipped
 
 
 def test_cut_at_first_eos():
-    assert tb._cut([5, 2, 7], [-1.0, -2.0, -3.0], {2}) == ([5, 2], [-1.0, -2.0], "stop")
-    assert tb._cut([5, 6], [-1.0, -2.0], {2}) == ([5, 6], [-1.0, -2.0], "length")
+    assert tr._cut([5, 2, 7], [-1.0, -2.0, -3.0], {2}) == ([5, 2], [-1.0, -2.0], "stop")
+    assert tr._cut([5, 6], [-1.0, -2.0], {2}) == ([5, 6], [-1.0, -2.0], "length")
 
 
 def test_loss_gradient_matches_finite_differences(micro_model: Path, rollouts):
@@ -164,11 +166,11 @@ def test_loss_gradient_matches_finite_differences(micro_model: Path, rollouts):
     policy.model.to(torch.float64)
     n = len(rollouts)
     ref = [np.array(r.logprobs) - 0.1 for r in rollouts]  # a reference that differs
-    b = tb.to_torch(_batch(rollouts, np.linspace(-1, 1, n), ref), torch.device("cpu"))
+    b = tu.to_torch(_batch(rollouts, np.linspace(-1, 1, n), ref), torch.device("cpu"))
     shift = torch.from_numpy(np.random.default_rng(0).normal(0, 0.3, b["mask"].shape))
     b["old_logp"] = b["old_logp"] + shift.float() * b["mask"]  # ratios away from 1, some clipped
     rl = load_config(None, ["rl.entropy_coef=0.01", "rl.kl_estimator=k3"]).rl
-    loss, aux = tb.rl_loss(policy.model, b, rl, 0.1, 1.0)
+    loss, aux = tu.rl_loss(policy.model, b, rl, 0.1, 1.0)
     loss.backward()
     assert 0 < aux["clipped"].item() < aux["tokens"].item()
     name, p = next((k, v) for k, v in policy.model.named_parameters() if "lora_A" in k)
@@ -178,7 +180,7 @@ def test_loss_gradient_matches_finite_differences(micro_model: Path, rollouts):
     def loss_at(delta: float) -> float:
         with torch.no_grad():
             p[idx] += delta
-            value = tb.rl_loss(policy.model, b, rl, 0.1, 1.0)[0].item()
+            value = tu.rl_loss(policy.model, b, rl, 0.1, 1.0)[0].item()
             p[idx] -= delta
         return value
 
@@ -191,8 +193,8 @@ def _update(micro_model: Path, rollouts, micro_batch_size: int, adv: np.ndarray)
                              "rl.entropy_coef=0.01", "rl.kl_penalty=0"])
     policy = tb.load_policy(str(micro_model), cfg.lora, seed=0, device="cpu")
     _perturb(policy)
-    opt = tb.make_optimizer(policy, cfg, 10)
-    metrics, skipped = tb.update(policy, opt, rollouts, adv, None, cfg, 0.0, 0)
+    opt = tu.make_optimizer(policy, cfg, 10)
+    metrics, skipped = tu.update(policy, opt, rollouts, adv, None, cfg, 0.0, 0)
     weights = {k: v.detach().numpy().copy() for k, v in policy.model.named_parameters()
                if v.requires_grad}
     return weights, metrics, skipped
@@ -237,7 +239,7 @@ def test_optimizer_is_mlx_adamw_with_the_same_schedule():
     rng = np.random.default_rng(0)
     w0 = rng.normal(size=(3, 4)).astype(np.float32)
     p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
-    opt = tb.AdamW([p], tb.lr_schedule(cfg.training, 6), weight_decay=0.1)
+    opt = tu.AdamW([p], tu.lr_schedule(cfg.training, 6), weight_decay=0.1)
     params = {"w": mx.array(w0)}
     for _ in range(6):
         g = rng.normal(size=w0.shape).astype(np.float32)
@@ -247,7 +249,7 @@ def test_optimizer_is_mlx_adamw_with_the_same_schedule():
         assert opt.param_groups[0]["lr"] == pytest.approx(mlx_opt.learning_rate.item(), rel=1e-5)
         np.testing.assert_allclose(p.detach().numpy(), np.array(params["w"]), atol=1e-6)
     # hand-computed: warmup from 1e-5 to 1e-2 over 2 steps, then cosine over 4 to 1e-3
-    lr = tb.lr_schedule(cfg.training, 6)
+    lr = tu.lr_schedule(cfg.training, 6)
     assert [lr(0), lr(1), lr(2), lr(4), lr(6)] == pytest.approx(
         [1e-5, 0.005005, 0.01, 0.0055, 0.001])
 
@@ -259,8 +261,8 @@ def test_checkpoint_loads_in_mlx_and_resumes(micro_model: Path, rollouts, tmp_pa
     cfg = load_config(None, ["rl.kl_penalty=0"])
     policy = tb.load_policy(str(micro_model), lora, device="cpu")
     _perturb(policy)
-    opt = tb.make_optimizer(policy, cfg, 10)
-    tb.update(policy, opt, rollouts, np.linspace(-1, 1, len(rollouts)), None, cfg, 0.0, 0)
+    opt = tu.make_optimizer(policy, cfg, 10)
+    tu.update(policy, opt, rollouts, np.linspace(-1, 1, len(rollouts)), None, cfg, 0.0, 0)
     state = checkpoint.LoopState(step=3, epoch=1, cursor=2, kl_coef=0.05)
     ckpt = tb.save_checkpoint(policy, opt, tmp_path, "checkpoint-e1-b3-gs3", state,
                               {"checkpoint_summary.json": {"global_step": 3}}, "rl: {}\n")
@@ -278,7 +280,7 @@ def test_checkpoint_loads_in_mlx_and_resumes(micro_model: Path, rollouts, tmp_pa
     assert from_ckpt.num_layers == 1 and from_ckpt.lora.keys == lora.keys
     np.testing.assert_array_equal(_logp(from_ckpt, toks), _logp(policy, toks))
     again = tb.load_policy(str(micro_model), lora, seed=5, device="cpu")
-    opt2 = tb.make_optimizer(again, cfg, 10)
+    opt2 = tu.make_optimizer(again, cfg, 10)
     assert tb.restore(again, opt2, ckpt) == state
     np.testing.assert_array_equal(_logp(again, toks), _logp(policy, toks))
     assert opt2.param_groups[0]["updates"] == 1
@@ -304,9 +306,9 @@ def test_mlx_checkpoint_loads_in_torch_and_the_update_agrees(micro_model: Path, 
     np.testing.assert_allclose(_logp(tpol, toks), mlx_logp, atol=1e-4)
     # the same update on both backends: same loss terms, same gradient norm
     adv = np.linspace(-1, 1, len(rollouts))
-    ref = tb.reference_logprobs(tpol, rollouts, cfg)
-    topt = tb.make_optimizer(tpol, cfg, 10)
-    t_metrics, _ = tb.update(tpol, topt, rollouts, adv, ref, cfg, 0.1, 0)
+    ref = tu.reference_logprobs(tpol, rollouts, cfg)
+    topt = tu.make_optimizer(tpol, cfg, 10)
+    t_metrics, _ = tu.update(tpol, topt, rollouts, adv, ref, cfg, 0.1, 0)
     run = Run(cfg, mpol, None, make_optimizer(cfg, 10), tmp_path,
               checkpoint.LoopState(kl_coef=0.1), lambda t: [])
     m_metrics = update(run, rollouts, adv, ref)

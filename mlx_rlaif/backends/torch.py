@@ -1,50 +1,35 @@
 """The torch backend: the same RL loop on CUDA (or MPS, or CPU) with transformers + PEFT LoRA.
 
-A thin fallback for machines without MLX acceleration. Each function mirrors one of the MLX path
-(`backends/mlx.py`, `rollout.sample`, `losses.rl_loss`, `train.update` / `make_optimizer`,
-`checkpoint.save_checkpoint`) with the same semantics, so one config trains the same way on both:
+A thin fallback for machines without MLX acceleration, in three modules that mirror the MLX path
+with the same semantics, so one config trains the same way on both:
 
-- LoRA: PEFT with `lora_alpha = scale * rank` (PEFT scales by alpha / r), `target_modules` = the
-  `lora.keys` (empty: every linear layer of a block, as mlx-lm), the last `num_layers` blocks.
-- reference: the same weights with the adapters off (`disable_adapter()`), no second copy.
-- rollouts: `generate` with all P x G rows together (or `completion_batch_size` at a time), the
-  model's own generation defaults ignored; top-p/top-k truncate the untempered distribution
-  before the temperature, as mlx-lm's sampler does. The sampler's log-prob of each token is
-  log_softmax(raw logits / T), before any truncation, from `output_logits`.
-- loss and update: `losses.py`'s objective on the global weights of `batch.aggregation_weights`,
-  gradients summed over micro-batches, `num_iterations` PPO epochs, norm clipping, non-finite
-  steps skipped. The optimizer is `mlx.optimizers.AdamW`'s rule (no bias correction, mlx's
-  default) with `train.make_optimizer`'s schedule: a learning rate tuned on a Mac means the same.
-- checkpoints: `checkpoint.py`'s layout, written atomically, adapters in mlx-lm format
-  (`mlx_lm.generate --adapter-path` loads them), optimizer state in `optimizer.pt`.
-- prompts and EOS ids come from mlx-lm's tokenizer wrapper, so both backends see the same tokens.
+- this module (`backends/mlx.py`, `checkpoint.py`): loading and LoRA, PEFT with
+  `lora_alpha = scale * rank` (PEFT scales by alpha / r), `target_modules` = the `lora.keys`
+  (empty: every linear layer of a block, as mlx-lm), the last `num_layers` blocks; log-probs;
+  checkpoints in `checkpoint.py`'s layout, written atomically, adapters in mlx-lm format
+  (`mlx_lm.generate --adapter-path` loads them), optimizer state in `optimizer.pt`. Prompts and
+  EOS ids come from mlx-lm's tokenizer wrapper, so both backends see the same tokens.
+- `torch_rollout.py` (`rollout.sample`): rollouts.
+- `torch_update.py` (`losses.rl_loss`, `update.py`): the reference (the same weights with the
+  adapters off, `disable_adapter()`, no second copy), the loss, the optimizer and the update.
 
-Not covered: sharing a prompt's prefill across its group (each row prefills its prompt);
-memory of `output_logits`, which holds [rows, new tokens, vocab] float32 logits until a generate
-call ends (bound it with `generation.completion_batch_size` on large vocabularies); MLX-quantized
-model directories (transformers needs the Hugging Face weights); multi-GPU; LoRA on embeddings or
-expert layers; the AdamW moments of a checkpoint written by the MLX backend (weights load, moments
-restart). Needs `pip install 'mlx-rlaif[cuda]'` (torch, transformers, peft).
+Not covered: MLX-quantized model directories (transformers needs the Hugging Face weights);
+multi-GPU; LoRA on embeddings or expert layers; the AdamW moments of a checkpoint written by the
+MLX backend (weights load, moments restart). Needs `pip install 'mlx-rlaif[cuda]'` (torch,
+transformers, peft).
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .. import batch as batching
 from .. import checkpoint
 from ..config import LoraConfig
 from ..errors import CheckpointError, UsageError
 from ..export import mlx_from_peft, peft_weights
-from ..records import Rollout, Task
-from ..rollout import SamplingParams, prompt_formatter
 
 try:
     import peft
@@ -204,7 +189,7 @@ def load_adapters(policy: TorchPolicy, adapter_dir: Path) -> None:
     peft.set_peft_model_state_dict(policy.model, new)
 
 
-# --- log-probs and the loss ------------------------------------------------------------------
+# --- log-probs ----------------------------------------------------------------------
 
 
 def token_logprobs(model: Any, tokens: torch.Tensor, temperature: float = 1.0,
@@ -223,292 +208,6 @@ def token_logprobs(model: Any, tokens: torch.Tensor, temperature: float = 1.0,
         return logp, None
     entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return logp, entropy
-
-
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL(policy || ref) estimate: k1, k2 or k3 (see losses.py)."""
-    d = ref_logp - logp
-    if kind == "k1":
-        return -d
-    if kind == "k2":
-        return 0.5 * d * d
-    return torch.exp(d) - d - 1.0
-
-
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-                      clip_low: float, clip_high: float
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token PPO loss, the ratio, and where clipping was active. adv: [N] -> broadcast."""
-    ratio = torch.exp(logp - old_logp)
-    a = adv[:, None]
-    unclipped = -a * ratio
-    clipped = -a * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    return torch.maximum(unclipped, clipped), ratio, clipped > unclipped
-
-
-def rl_loss(model: Any, mb: dict[str, torch.Tensor], rl: Any, kl_coef: float,
-            temperature: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """losses.rl_loss in torch: (loss, aux of masked sums) for one micro-batch."""
-    logp, entropy = token_logprobs(model, mb["tokens"], temperature, with_entropy=True)
-    if rl.entropy_coef == 0:
-        entropy = entropy.detach()
-    mask, w, old = mb["mask"], mb["weights"], mb["old_logp"]
-    pg, ratio, clipped = clipped_surrogate(logp, old, mb["adv"], rl.clip_low, rl.clip_high)
-    per_token = pg - rl.entropy_coef * entropy
-    aux = {"tokens": mask.sum(), "pg": (pg * w).sum(), "entropy": (entropy * mask).sum(),
-           "clipped": (clipped * mask).sum(), "ratio": (ratio * mask).sum(),
-           "approx_kl": (0.5 * (logp - old) ** 2 * mask).sum()}
-    if "ref_logp" in mb:
-        kl = kl_estimate(logp, mb["ref_logp"], rl.kl_estimator)
-        per_token = per_token + kl_coef * kl
-        aux["kl_loss"] = (kl * w).sum()
-        aux["kl"] = ((logp - mb["ref_logp"]) * mask).sum()
-    loss = (per_token * w).sum()
-    aux["loss"] = loss
-    return loss, {k: v.detach() for k, v in aux.items()}
-
-
-def to_torch(mb: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
-    """batch.build's arrays as torch tensors on `device` (tokens as int64)."""
-    out = {k: torch.from_numpy(np.array(v)).to(device) for k, v in mb.items()}
-    out["tokens"] = out["tokens"].long()
-    return out
-
-
-# --- rollouts --------------------------------------------------------------------------------
-
-
-def _processors(params: SamplingParams) -> list[Any]:
-    """mlx-lm's sampler order: top-p, then top-k, on the untempered distribution; then T."""
-    from transformers.generation import (
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    out: list[Any] = []
-    if 0 < params.top_p < 1.0:
-        out.append(TopPLogitsWarper(params.top_p))
-    if params.top_k > 0:
-        out.append(TopKLogitsWarper(params.top_k))
-    if params.temperature != 1.0:
-        out.append(TemperatureLogitsWarper(params.temperature))
-    return out
-
-
-def _generate_rows(policy: TorchPolicy, rows: Sequence[list[int]], params: SamplingParams,
-                   eos: Sequence[int]) -> list[tuple[list[int], list[float], str]]:
-    """One generate call over left-padded prompt rows: (tokens, logprobs, finish) per row."""
-    pad = policy.tokenizer.pad_token_id
-    pad = eos[0] if pad is None else pad
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
-    gen = transformers.GenerationConfig(
-        do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
-        max_new_tokens=params.max_new_tokens, min_new_tokens=0, num_return_sequences=1,
-        eos_token_id=list(eos), pad_token_id=pad, output_logits=True,
-        return_dict_in_generate=True)
-    with torch.no_grad():
-        out = policy.model.generate(
-            input_ids=ids.to(policy.device), attention_mask=mask.to(policy.device),
-            generation_config=gen,
-            logits_processor=transformers.LogitsProcessorList(_processors(params)))
-        new = out.sequences[:, width:]  # [n, S]
-        lp = torch.stack([  # log_softmax(raw / T)[token], step by step: [n, S]
-            torch.log_softmax(step.float() / params.temperature, dim=-1)
-            .gather(1, new[:, t, None])[:, 0] for t, step in enumerate(out.logits)], dim=1)
-    return [_cut(toks, lps, set(eos)) for toks, lps in zip(new.tolist(), lp.tolist(),
-                                                            strict=True)]
-
-
-def _cut(tokens: list[int], logprobs: list[float], eos: set[int]
-         ) -> tuple[list[int], list[float], str]:
-    """Up to and including the first EOS ("stop"); all of it otherwise ("length")."""
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1], logprobs[: i + 1], "stop"
-    return tokens, logprobs, "length"
-
-
-def sample(policy: TorchPolicy, tasks: Sequence[Task], params: SamplingParams, group_size: int,
-           format: Callable[[Task], list[int]] | None = None, seed: int | None = None
-           ) -> tuple[list[Rollout], dict]:
-    """Rollouts for `tasks` (P) with `group_size` (G) completions each, prompt-major (P x G);
-    the same records and stats keys as rollout.sample. `seed` seeds torch's generator first."""
-    tok = policy.tokenizer
-    fmt = format or prompt_formatter(tok)
-    prompts_P = [fmt(t) for t in tasks]
-    eos = sorted(getattr(tok, "eos_token_ids", None) or {tok.eos_token_id})
-    if seed is not None:
-        torch.manual_seed(seed)
-    rows = [p for p in prompts_P for _ in range(group_size)]
-    policy.model.eval()
-    tic, seqs, widths = time.perf_counter(), [], []
-    for s in batching.chunks(len(rows), params.completion_batch_size):
-        seqs += _generate_rows(policy, rows[s], params, eos)
-        widths.append(s.stop - s.start)
-    seconds = time.perf_counter() - tic
-    ntok = sum(len(t) for t, _, _ in seqs)
-    stats = {"gen/tokens": float(ntok), "gen/seconds": seconds,
-             "gen/tokens_per_sec": ntok / seconds if seconds > 0 else 0.0,
-             "gen/decode_width": float(max(widths, default=0)),
-             "gen/decode_width_mean": float(np.mean(widths)) if widths else 0.0}
-    eos_set = set(eos)
-    rollouts = []
-    for i, (toks, lps, finish) in enumerate(seqs):
-        p = i // group_size
-        rollouts.append(Rollout(
-            task=tasks[p], prompt_tokens=tuple(prompts_P[p]), tokens=tuple(toks),
-            logprobs=tuple(lps), text=tok.decode([t for t in toks if t not in eos_set]),
-            finish_reason=finish, temperature=params.temperature))
-    return rollouts, stats
-
-
-def reference_logprobs(policy: TorchPolicy, rollouts: list[Rollout], cfg: Any
-                       ) -> list[np.ndarray]:
-    """Log-probs of each completion under the frozen base (same weights, adapters off)."""
-    out: list[np.ndarray] = []
-    zeros = [0.0] * len(rollouts)
-    with torch.no_grad(), policy.model.disable_adapter():
-        for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size):
-            b = to_torch(batching.build(rollouts[s], zeros[s], zeros[s]), policy.device)
-            logp = token_logprobs(policy.model, b["tokens"], cfg.generation.temperature)[0]
-            logp = logp.cpu().numpy()
-            for i, r in enumerate(rollouts[s]):
-                start = len(r.prompt_tokens) - 1
-                out.append(logp[i, start: start + len(r.tokens)])
-    return out
-
-
-# --- optimizer -------------------------------------------------------------------------------
-
-
-class AdamW(torch.optim.Optimizer):
-    """mlx.optimizers.AdamW's rule: p *= 1 - lr * wd; m, v moving averages; p -= lr * m /
-    (sqrt(v) + eps), without bias correction (mlx's default). lr = schedule(updates so far)."""
-
-    def __init__(self, params: Any, schedule: Callable[[int], float],
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:
-        super().__init__(params, {"lr": schedule(0), "betas": betas, "eps": eps,
-                                  "weight_decay": weight_decay, "updates": 0})
-        self.schedule = schedule
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> None:
-        for group in self.param_groups:
-            lr = group["lr"] = self.schedule(group["updates"])
-            (b1, b2), eps, wd = group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
-                m, v = state["m"], state["v"]
-                p.mul_(1.0 - lr * wd)
-                m.mul_(b1).add_(p.grad, alpha=1.0 - b1)
-                v.mul_(b2).addcmul_(p.grad, p.grad, value=1.0 - b2)
-                p.addcdiv_(m, v.sqrt().add_(eps), value=-lr)
-            group["updates"] += 1
-
-
-def lr_schedule(t: Any, total_updates: int) -> Callable[[int], float]:
-    """train.make_optimizer's learning rate at each update: linear warmup from lr * 1e-3, then
-    constant or cosine decay to lr * min_lr_ratio (`t` is the training config section)."""
-    peak, warm = t.learning_rate, t.warmup_steps
-    decay, end = max(total_updates - warm, 1), t.learning_rate * t.min_lr_ratio
-
-    def after(step: int) -> float:
-        if t.lr_schedule != "cosine":
-            return peak
-        s = min(step, decay)
-        return end + 0.5 * (1.0 + math.cos(math.pi * s / decay)) * (peak - end)
-
-    def lr(step: int) -> float:
-        if step < warm:
-            start = peak * 1e-3
-            return start + (peak - start) * step / warm
-        return after(step - warm)
-
-    return lr
-
-
-def make_optimizer(policy: TorchPolicy, cfg: Any, total_updates: int) -> AdamW:
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    return AdamW(params, lr_schedule(cfg.training, total_updates),
-                 weight_decay=cfg.training.weight_decay)
-
-
-# --- the update ------------------------------------------------------------------------------
-
-
-def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list[Rollout],
-           adv: np.ndarray, ref: list[np.ndarray] | None, cfg: Any, kl_coef: float,
-           skipped: int) -> tuple[dict[str, float], int]:
-    """`num_iterations` optimizer updates on the kept rollouts, micro-batched, as train.update.
-    Returns the metrics and the new count of skipped (non-finite) updates."""
-    if not rollouts:
-        return {"optim/skipped": float(skipped), "train/tokens": 0.0}, skipped
-    lengths = [len(r.tokens) for r in rollouts]
-    w = batching.aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens)
-    mbs = [to_torch(batching.build(rollouts[s], adv[s], w[s], ref[s] if ref is not None else None),
-                    policy.device)
-           for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size)]
-    model, tic, first = policy.model, time.perf_counter(), None
-    model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
-    try:
-        for _ in range(cfg.rl.num_iterations):
-            optimizer.zero_grad(set_to_none=True)
-            aux: dict[str, torch.Tensor] = {}
-            for mb in mbs:
-                loss, a = rl_loss(model, mb, cfg.rl, kl_coef, cfg.generation.temperature)
-                loss.backward()
-                aux = {k: aux[k] + a[k] for k in aux} if aux else a
-            first = first or aux
-            norm, ok = apply_update(optimizer, aux["loss"], cfg.training.max_grad_norm)
-            skipped += not ok
-    finally:
-        model.train(False)
-    seconds = time.perf_counter() - tic
-    tokens = sum(lengths) * cfg.rl.num_iterations
-    lr = float(optimizer.param_groups[0]["lr"])
-    return update_metrics(aux, first, norm, lr, skipped, tokens, seconds), skipped
-
-
-def apply_update(optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_norm: float
-                 ) -> tuple[float, bool]:
-    """Clip, check finiteness, step. Returns (gradient norm before clipping, stepped?)."""
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
-    norm_v, loss_v = float(norm), float(loss)
-    if not (math.isfinite(norm_v) and math.isfinite(loss_v)):
-        return norm_v, False
-    optimizer.step()
-    return norm_v, True
-
-
-def update_metrics(aux: dict, first: dict, norm: float, lr: float, skipped: int, tokens: int,
-                   seconds: float) -> dict[str, float]:
-    """train.update_metrics' keys and formulas."""
-    v = {k: float(x) for k, x in aux.items()}
-    n = max(v["tokens"], 1.0)
-    m = {
-        "loss/total": v["loss"], "loss/policy": v["pg"], "policy/entropy": v["entropy"] / n,
-        "policy/clipfrac": v["clipped"] / n, "policy/ratio_mean": v["ratio"] / n,
-        "policy/approx_kl": v["approx_kl"] / n,
-        "kl/sample_train": float(first["approx_kl"]) / max(float(first["tokens"]), 1.0),
-        "optim/grad_norm": norm, "optim/skipped": float(skipped), "optim/lr": lr,
-        "train/tokens": float(tokens), "train/tokens_per_sec": tokens / max(seconds, 1e-9),
-    }
-    if "kl" in v:
-        m["kl/mean"] = v["kl"] / n
-        m["loss/kl"] = v["kl_loss"]
-    return m
 
 
 # --- checkpoints -----------------------------------------------------------------------------
