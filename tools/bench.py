@@ -548,7 +548,7 @@ def _leaves(tree: Any) -> list:
 
 def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     """Forward + backward of our loss on one rollout batch, micro-batched as `update` runs it
-    (each prompt computed once for its completions)."""
+    (each prompt computed once for its completions, the CPU kernels and the training threads)."""
     from functools import partial
 
     import mlx.core as mx
@@ -556,6 +556,8 @@ def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     import numpy as np
 
     from mlx_rlaif import batch as batching
+    from mlx_rlaif.blas import blas_threads
+    from mlx_rlaif.cpu_kernels import fast_cpu_kernels
     from mlx_rlaif.losses import rl_loss
     from mlx_rlaif.rollout import sample
     from mlx_rlaif.train import _sampling, reference_logprobs
@@ -572,11 +574,16 @@ def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     loss_fn = partial(rl_loss, rl=cfg.rl, kl_coef=run.state.kl_coef,
                       temperature=cfg.generation.temperature)
     vg = nn.value_and_grad(model, loss_fn)
-    mx.eval([vg(model, mb) for mb in mbs])
+
+    def fwd_bwd() -> None:
+        with fast_cpu_kernels(model), blas_threads():
+            mx.eval([vg(model, mb) for mb in mbs])
+
+    fwd_bwd()
     times = []
     for _ in range(reps):
         tic = time.perf_counter()
-        mx.eval([vg(model, mb) for mb in mbs])
+        fwd_bwd()
         times.append(time.perf_counter() - tic)
     params = sum(v.size for v in _leaves(model.parameters()))
     positions = sum(mb["tokens"].shape[0] * (mb["tokens"].shape[1] - 1)
