@@ -1,7 +1,7 @@
 """Benchmarks: mlx-rlaif side by side with mlx-lm's `batch_generate` and mlx-lm-lora's GRPO.
 
     python tools/bench.py            # full run: about 9 minutes on 2 cores
-    python tools/bench.py --quick    # about 3 minutes: fewer repetitions, 16-token 0.5B step
+    python tools/bench.py --quick    # about 2 minutes: fewer repetitions, 16-token 0.5B step
     python tools/bench.py --quick --no-big --group 8    # other P x G x tokens: --prompts, --group,
                                                         # --max-tokens; results in --out (JSON)
 
