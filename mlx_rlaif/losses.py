@@ -56,44 +56,52 @@ def logprobs_and_entropy(logits: mx.array, targets: mx.array, temperature: float
     return logp, entropy
 
 
-def kl_estimate(logp: mx.array, ref_logp: mx.array, kind: str) -> mx.array:
-    """Per-token estimate of KL(policy || ref) from samples of the policy."""
+def kl_estimate(logp: Any, ref_logp: Any, kind: str, xp: Any = mx) -> Any:
+    """Per-token estimate of KL(policy || ref) from samples of the policy. `xp`: the array
+    library (mlx.core; torch for the torch backend)."""
     d = ref_logp - logp
     if kind == "k1":
         return -d
     if kind == "k2":
         return 0.5 * d * d
-    return mx.exp(d) - d - 1.0
+    return xp.exp(d) - d - 1.0
 
 
-def clipped_surrogate(logp: mx.array, old_logp: mx.array, adv: mx.array, clip_low: float,
-                      clip_high: float) -> tuple[mx.array, mx.array, mx.array]:
-    """Per-token PPO loss, the ratio, and where clipping was active. adv: [N] -> broadcast."""
-    ratio = mx.exp(logp - old_logp)
+def clipped_surrogate(logp: Any, old_logp: Any, adv: Any, clip_low: float, clip_high: float,
+                      xp: Any = mx) -> tuple[Any, Any, Any]:
+    """Per-token PPO loss, the ratio, and where clipping was active. adv: [N] -> broadcast.
+    `xp`: the array library (mlx.core; torch for the torch backend)."""
+    ratio = xp.exp(logp - old_logp)
     a = adv[:, None]
     unclipped = -a * ratio
-    clipped = -a * mx.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    return mx.maximum(unclipped, clipped), ratio, (clipped > unclipped)
+    clipped = -a * xp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return xp.maximum(unclipped, clipped), ratio, (clipped > unclipped)
 
 
 def rl_loss(model: nn.Module, mb: dict[str, mx.array], rl: Any, kl_coef: float,
             temperature: float) -> tuple[mx.array, dict[str, mx.array]]:
     """(loss, aux) for one micro-batch. `mb` holds tokens [N, T+1], mask/weights/old_logp/
-    ref_logp [N, T], adv [N] (batch.build), or with `prefix` the layout of batch.build_shared. aux holds masked sums (divide by aux['tokens'] for means)."""
-    tokens = mb["tokens"]
-    logp, entropy = logprobs_and_entropy(shared_prompt.batch_logits(model, mb), tokens[:, 1:],
-                                         temperature)
+    ref_logp [N, T], adv [N] (batch.build), or with `prefix` the layout of batch.build_shared.
+    aux holds masked sums (divide by aux['tokens'] for means)."""
+    logp, entropy = logprobs_and_entropy(shared_prompt.batch_logits(model, mb),
+                                         mb["tokens"][:, 1:], temperature)
     if rl.entropy_coef == 0:
         entropy = mx.stop_gradient(entropy)
-    mask, w = mb["mask"], mb["weights"]
-    pg, ratio, clipped = clipped_surrogate(logp, mb["old_logp"], mb["adv"], rl.clip_low,
-                                           rl.clip_high)
+    return objective(logp, entropy, mb, rl, kl_coef)
+
+
+def objective(logp: Any, entropy: Any, mb: dict[str, Any], rl: Any, kl_coef: float,
+              xp: Any = mx) -> tuple[Any, dict[str, Any]]:
+    """The loss and aux sums of one micro-batch from the policy's log-probs and entropies
+    [N, T] of its targets. `xp`: the array library (mlx.core; torch for the torch backend)."""
+    mask, w, old = mb["mask"], mb["weights"], mb["old_logp"]
+    pg, ratio, clipped = clipped_surrogate(logp, old, mb["adv"], rl.clip_low, rl.clip_high, xp)
     per_token = pg - rl.entropy_coef * entropy
     aux = {"tokens": mask.sum(), "pg": (pg * w).sum(), "entropy": (entropy * mask).sum(),
            "clipped": (clipped * mask).sum(), "ratio": (ratio * mask).sum(),
-           "approx_kl": (0.5 * (logp - mb["old_logp"]) ** 2 * mask).sum()}
+           "approx_kl": (0.5 * (logp - old) ** 2 * mask).sum()}
     if "ref_logp" in mb:
-        kl = kl_estimate(logp, mb["ref_logp"], rl.kl_estimator)
+        kl = kl_estimate(logp, mb["ref_logp"], rl.kl_estimator, xp)
         per_token = per_token + kl_coef * kl
         aux["kl_loss"] = (kl * w).sum()
         aux["kl"] = ((logp - mb["ref_logp"]) * mask).sum()

@@ -15,35 +15,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from .. import batch as batching
+from .. import losses
 from ..records import Rollout
 from .torch import TorchPolicy, token_logprobs
 
-
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL(policy || ref) estimate: k1, k2 or k3 (see losses.py)."""
-    d = ref_logp - logp
-    if kind == "k1":
-        return -d
-    if kind == "k2":
-        return 0.5 * d * d
-    return torch.exp(d) - d - 1.0
-
-
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-                      clip_low: float, clip_high: float
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token PPO loss, the ratio, and where clipping was active. adv: [N] -> broadcast."""
-    ratio = torch.exp(logp - old_logp)
-    a = adv[:, None]
-    unclipped = -a * ratio
-    clipped = -a * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    return torch.maximum(unclipped, clipped), ratio, clipped > unclipped
+kl_estimate = partial(losses.kl_estimate, xp=torch)
+clipped_surrogate = partial(losses.clipped_surrogate, xp=torch)
 
 
 def rl_loss(model: Any, mb: dict[str, torch.Tensor], rl: Any, kl_coef: float,
@@ -52,19 +36,7 @@ def rl_loss(model: Any, mb: dict[str, torch.Tensor], rl: Any, kl_coef: float,
     logp, entropy = token_logprobs(model, mb["tokens"], temperature, with_entropy=True)
     if rl.entropy_coef == 0:
         entropy = entropy.detach()
-    mask, w, old = mb["mask"], mb["weights"], mb["old_logp"]
-    pg, ratio, clipped = clipped_surrogate(logp, old, mb["adv"], rl.clip_low, rl.clip_high)
-    per_token = pg - rl.entropy_coef * entropy
-    aux = {"tokens": mask.sum(), "pg": (pg * w).sum(), "entropy": (entropy * mask).sum(),
-           "clipped": (clipped * mask).sum(), "ratio": (ratio * mask).sum(),
-           "approx_kl": (0.5 * (logp - old) ** 2 * mask).sum()}
-    if "ref_logp" in mb:
-        kl = kl_estimate(logp, mb["ref_logp"], rl.kl_estimator)
-        per_token = per_token + kl_coef * kl
-        aux["kl_loss"] = (kl * w).sum()
-        aux["kl"] = ((logp - mb["ref_logp"]) * mask).sum()
-    loss = (per_token * w).sum()
-    aux["loss"] = loss
+    loss, aux = losses.objective(logp, entropy, mb, rl, kl_coef, xp=torch)
     return loss, {k: v.detach() for k, v in aux.items()}
 
 
