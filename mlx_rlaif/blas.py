@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -90,7 +91,7 @@ def train_threads() -> int:
 
 
 @functools.cache
-def _openblas() -> tuple[object, object] | None:
+def openblas_thread_fns() -> tuple[Any, Any] | None:
     """OpenBLAS's thread count (get, set) functions, where this process has OpenBLAS loaded."""
     try:
         lib = ctypes.CDLL(None)
@@ -104,7 +105,7 @@ def blas_threads(n: int | None = None) -> Iterator[None]:
     """Within the block, OpenBLAS uses `n` threads (default `train_threads()`); restored after.
     A no-op without OpenBLAS (macOS, MLX's bundled BLAS) or for n = 0."""
     n = train_threads() if n is None else n
-    fns = _openblas() if n > 0 else None
+    fns = openblas_thread_fns() if n > 0 else None
     if fns is None:
         yield
         return

@@ -32,6 +32,8 @@ import mlx.nn as nn
 from mlx_lm.models import activations
 from mlx_lm.models import base as mlx_lm_base
 
+from .blas import blas_threads
+
 _LOG2E = 1.4426950408889634
 _MASKED = -1e30  # not -inf: a row with every key masked stays finite (uniform), as a pad row
 
@@ -157,3 +159,11 @@ def fast_cpu_kernels(model: nn.Module) -> Iterator[None]:
     finally:
         for mod, name, old in swapped:
             setattr(mod, name, old)
+
+
+@contextlib.contextmanager
+def training_fast_paths(model: nn.Module) -> Iterator[None]:
+    """The training phases' CPU fast paths (reference pass, update, SFT): these kernels and
+    OpenBLAS on every core (`blas.blas_threads`). Both are no-ops where they do not apply."""
+    with fast_cpu_kernels(model), blas_threads():
+        yield

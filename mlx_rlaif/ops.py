@@ -17,9 +17,8 @@ import numpy as np
 
 from . import checkpoint
 from .backends.mlx import adapter_config_for, load_policy
-from .blas import blas_threads
 from .config import Config, dump
-from .cpu_kernels import fast_cpu_kernels
+from .cpu_kernels import training_fast_paths
 from .records import Rollout, Task
 from .rollout import SamplingParams, sample
 from .update import make_optimizer, reference_logprobs, restore, update
@@ -50,11 +49,11 @@ def mlx_ops() -> Ops:
                       run.cfg.generation.num_samples_per_prompt, run.format)
 
     def reference_(run: Run, rollouts: list[Rollout]) -> list[np.ndarray]:
-        with fast_cpu_kernels(run.policy.model), blas_threads():
+        with training_fast_paths(run.policy.model):
             return reference_logprobs(run.policy.model, rollouts, run.cfg)
 
     def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any) -> dict:
-        with fast_cpu_kernels(run.policy.model), blas_threads():
+        with training_fast_paths(run.policy.model):
             return update(run, rollouts, adv, ref)
 
     def save_(run: Run, name: str, extra: dict) -> Path:

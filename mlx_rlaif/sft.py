@@ -247,8 +247,7 @@ def sft(cfg: SFTRunConfig, progress: Any = None, log: Any = print) -> Path:
     """Run supervised fine-tuning; returns the run directory (its checkpoints feed
     `lora.init_adapter`). `progress(step, total, metrics)` is called after each step."""
     from .backends.mlx import load_policy
-    from .blas import blas_threads
-    from .cpu_kernels import fast_cpu_kernels
+    from .cpu_kernels import training_fast_paths
     from .metrics.jsonl import JsonlWriter
     from .train import make_optimizer
 
@@ -269,7 +268,7 @@ def sft(cfg: SFTRunConfig, progress: Any = None, log: Any = print) -> Path:
     (run.run_dir / "config.yaml").write_text(dump(cfg))
     metrics_out = JsonlWriter(run.run_dir / "batches.jsonl", append=False)
     try:
-        with fast_cpu_kernels(policy.model), blas_threads():  # the update's CPU fast paths
+        with training_fast_paths(policy.model):
             _loop(run, data, valid, steps, metrics_out, progress, log)
     finally:
         metrics_out.close()

@@ -126,10 +126,10 @@ def test_lora_fused_never_for_quantized(micro_model: Path) -> None:
         assert not fused
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or blas._openblas() is None,
+@pytest.mark.skipif(not sys.platform.startswith("linux") or blas.openblas_thread_fns() is None,
                     reason="OpenBLAS is not loaded in this process")
 def test_blas_threads_set_and_restored() -> None:
-    get = blas._openblas()[0]
+    get = blas.openblas_thread_fns()[0]
     before = get()
     with blas.blas_threads(2):
         assert get() == 2

@@ -556,8 +556,7 @@ def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     import numpy as np
 
     from mlx_rlaif import batch as batching
-    from mlx_rlaif.blas import blas_threads
-    from mlx_rlaif.cpu_kernels import fast_cpu_kernels
+    from mlx_rlaif.cpu_kernels import training_fast_paths
     from mlx_rlaif.losses import rl_loss
     from mlx_rlaif.rollout import sample
     from mlx_rlaif.train import _sampling, reference_logprobs
@@ -576,7 +575,7 @@ def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     vg = nn.value_and_grad(model, loss_fn)
 
     def fwd_bwd() -> None:
-        with fast_cpu_kernels(model), blas_threads():
+        with training_fast_paths(model):
             mx.eval([vg(model, mb) for mb in mbs])
 
     fwd_bwd()
@@ -613,6 +612,7 @@ def w_micro(spec: dict) -> dict:
 
     from mlx_rlaif import batch as batching
     from mlx_rlaif import losses
+    from mlx_rlaif.blas import openblas_thread_fns
     from mlx_rlaif.cpu_kernels import fast_cpu_kernels
     from mlx_rlaif.rollout import sample
     from mlx_rlaif.train import _sampling, reference_logprobs
@@ -632,7 +632,8 @@ def w_micro(spec: dict) -> dict:
     state = [model.state]
     compiled = mx.compile(lambda mb: vg(model, mb), inputs=state, outputs=state)
     x = mx.random.normal((8, 128, 4096)) * 4
-    blas = _openblas()
+    fns = openblas_thread_fns()
+    set_threads = fns[1] if fns is not None else None  # OpenBLAS's, where it is loaded
 
     def old_formulation() -> Any:
         new, losses.logprobs_and_entropy = losses.logprobs_and_entropy, _mx_exp_logprobs
@@ -642,7 +643,7 @@ def w_micro(spec: dict) -> dict:
             losses.logprobs_and_entropy = new
 
     def threads(n: int, mb: dict | None = None) -> Any:
-        blas.openblas_set_num_threads(n)
+        set_threads(n)
         return vg(model, mbs[8] if mb is None else mb)
 
     def kernels(n: int | None = None) -> Any:
@@ -665,28 +666,21 @@ def w_micro(spec: dict) -> dict:
              "exp_8x128x4096": lambda: mx.exp(x),
              "pow2_8x128x4096": lambda: mx.power(2.0, x * 1.4426950408889634)}
     default = int(os.environ.get("OPENBLAS_NUM_THREADS", "1"))
-    if blas is not None:
+    if set_threads is not None:
         cases.update({"fwd_bwd_pad8_openblas_1_thread": lambda: threads(1),
                       "fwd_bwd_pad8_openblas_2_threads": lambda: threads(2),
                       "fwd_bwd_pad8_shared_prompt_cpu_kernels_2_threads": lambda: kernels(2)})
     times: dict[str, list[float]] = {k: [] for k in cases}
     for i in range(spec["reps"] + 1):  # round 0 is the warm-up
         for k, f in cases.items():
-            if blas is not None:
-                blas.openblas_set_num_threads(default)  # the thread cases set their own
+            if set_threads is not None:
+                set_threads(default)  # the thread cases set their own
             tic = time.perf_counter()
             mx.eval(f())
             if i:
                 times[k].append(time.perf_counter() - tic)
     return {"ms": {k: 1e3 * _median(v) for k, v in times.items()}, "times_s": times,
             "shapes": {p: list(mb["tokens"].shape) for p, mb in mbs.items()}}
-
-
-def _openblas() -> Any:
-    import ctypes
-
-    lib = next((p for p in os.environ.get("LD_PRELOAD", "").split(":") if "openblas" in p), None)
-    return ctypes.CDLL(lib) if lib else None
 
 
 def _mx_exp_logprobs(logits: Any, targets: Any, temperature: float) -> tuple:
