@@ -1,20 +1,24 @@
-"""Faster attention softmax and SwiGLU on MLX's CPU backend, for the duration of a phase.
+"""Faster attention, SwiGLU and decoding RoPE on MLX's CPU backend, for the duration of a phase.
 
 On MLX's CPU build the transcendental element-wise ops are slow: `mx.exp`, `mx.sigmoid` (so
 `nn.silu` and mlx-lm's `swiglu`) and the softmax inside `mx.fast.scaled_dot_product_attention`
 run 2.5-4x slower than `mx.power(2, x)`. `fast_cpu_kernels(model)` swaps, for the duration of a
 `with` block, the `swiglu` and `scaled_dot_product_attention` that the model's mlx-lm architecture
-modules call for versions written with 2**(x log2 e), and restores them on exit. Their custom
-backward passes recompute the sigmoid and the attention probabilities from the inputs instead of
-keeping them. They equal mlx-lm's, values and gradients, up to float32 rounding
-(tests/test_cpu_kernels.py). On the Qwen2.5-0.5B shape the update ran 27 -> 20 s and its peak
-memory fell 5.07 -> 4.43 GB; on the 4-layer tiny model they change little (BENCHMARKS.md).
+modules call for versions written with 2**(x log2 e), and restores them on exit. The attention
+stacks the query heads that share a key head as rows of one matrix product (mx.fast's CPU
+fallback broadcasts the keys instead). Their custom backward passes recompute the sigmoid and the
+attention probabilities from the inputs instead of keeping them. They equal mlx-lm's, values and
+gradients, up to float32 rounding (tests/test_cpu_kernels.py). On the Qwen2.5-0.5B shape the
+update ran 27 -> 20 s and its peak memory fell 5.07 -> 4.43 GB (BENCHMARKS.md).
+
+`decode_rope(model)` wraps the attention layers' `nn.RoPE` while decoding: the rotation of one
+position per row is one compiled kernel instead of `mx.fast.rope`'s ~15-op CPU fallback.
 
 Covered: mlx-lm architectures that import these two functions (llama.py, qwen2.py, qwen3.py, phi3.py and
-most others), boolean, additive and "causal" masks, grouped-query attention. Not covered (mlx-lm's
-own functions run): the GPU (Metal's fused kernels are fast), one-token queries (decoding: too
-little element-wise work to matter), attention sinks, quantized KV caches. Opt out with
-MLX_RLAIF_CPU_KERNELS=0.
+most others), boolean, additive, per-head and "causal" masks, grouped-query attention; plain
+`nn.RoPE` (not the scaled variants, not the interleaved layout). Not covered (mlx-lm's own
+functions run): the GPU (Metal's fused kernels are fast), attention sinks, quantized KV caches.
+Opt out with MLX_RLAIF_CPU_KERNELS=0.
 """
 
 from __future__ import annotations
@@ -73,27 +77,36 @@ def _swiglu_grad(primals: tuple[mx.array, mx.array], cotangent: mx.array,
     return _swiglu_vjp(*primals, cotangent)
 
 
-def _mask_array(mask: Any, q_len: int, k_len: int) -> mx.array:
-    """mlx-lm's mask argument as an array broadcastable to [B, H, q, k]: boolean (True: attend)
-    or additive."""
+def _mask_array(mask: Any, q_len: int, k_len: int, heads: int, kv_heads: int) -> mx.array:
+    """mlx-lm's mask argument (None, "causal", or an array broadcastable to [B, Hq, L, S];
+    boolean, True: attend, or additive) as a 5-D array [b, h, r, l, S] broadcastable to
+    [B, Hk, rep, L, S], with l = 1 or L, and l = L wherever r = rep > 1."""
     if mask is None:
-        return mx.array(True)
+        return mx.array(True).reshape(1, 1, 1, 1, 1)
     if isinstance(mask, str):  # "causal", aligned to the last keys as mx.fast's is
-        return mx.arange(k_len)[None] <= (mx.arange(q_len) + (k_len - q_len))[:, None]
-    return mask
+        mask = mx.arange(k_len)[None] <= (mx.arange(q_len) + (k_len - q_len))[:, None]
+    m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    if m.shape[1] == 1:
+        return m[:, :, None]
+    m = mx.broadcast_to(m, (m.shape[0], heads, q_len, k_len))  # one mask per query head
+    return m.reshape(m.shape[0], kv_heads, heads // kv_heads, q_len, k_len)
 
 
 def _probs(q: mx.array, k: mx.array, mask: mx.array) -> mx.array:
-    """softmax(q k^T + mask) in float32, q already scaled. q [..., L, D], k [..., S, D]."""
+    """softmax(q k^T + mask) in float32, q already scaled. q [B, Hk, rep * L, D] (the query heads
+    that share a key head stacked as rows: one matrix product per key head, no copy of the
+    keys), k [B, Hk, S, D], mask as `_mask_array` gives it -> [B, Hk, rep * L, S]."""
     s = (q @ k.swapaxes(-1, -2)).astype(mx.float32)
+    B, Hk, RL, S = s.shape
+    s = s.reshape(B, Hk, RL // mask.shape[3], mask.shape[3], S)
     s = mx.where(mask, s, _MASKED) if mask.dtype == mx.bool_ else s + mask.astype(s.dtype)
     e = _exp2e(s - s.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    return (e / e.sum(axis=-1, keepdims=True)).reshape(B, Hk, RL, S)
 
 
 @mx.custom_function
 def _attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array) -> mx.array:
-    """q [B, Hk, rep, L, D] (scaled), k/v [B, Hk, 1, S, D] -> [B, Hk, rep, L, D]."""
+    """q [B, Hk, rep * L, D] (scaled), k/v [B, Hk, S, D] -> [B, Hk, rep * L, D]."""
     return _probs(q, k, mask).astype(v.dtype) @ v
 
 
@@ -102,11 +115,10 @@ def _attention_grad(primals: tuple, cotangent: mx.array, output: mx.array) -> tu
     """The probabilities are recomputed from q and k, so the forward keeps nothing of its own."""
     q, k, v, mask = primals
     p = _probs(q, k, mask)
-    dv = (p.astype(v.dtype).swapaxes(-1, -2) @ cotangent).sum(axis=2, keepdims=True)
+    dv = p.astype(v.dtype).swapaxes(-1, -2) @ cotangent
     dp = (cotangent @ v.swapaxes(-1, -2)).astype(mx.float32)
     ds = (p * (dp - (dp * p).sum(axis=-1, keepdims=True))).astype(q.dtype)
-    dk = (ds.swapaxes(-1, -2) @ q).sum(axis=2, keepdims=True)
-    return ds @ k, dk, dv, mx.zeros_like(mask)
+    return ds @ k, ds.swapaxes(-1, -2) @ q, dv, mx.zeros_like(mask)
 
 
 def scaled_dot_product_attention(queries: mx.array, keys: mx.array, values: mx.array,
@@ -116,16 +128,44 @@ def scaled_dot_product_attention(queries: mx.array, keys: mx.array, values: mx.a
     backward that recomputes it.
 
     queries [B, Hq, L, D], keys/values [B, Hk, S, D] with Hq a multiple of Hk."""
-    if sinks is not None or hasattr(cache, "bits") or queries.shape[2] == 1:
+    if sinks is not None or hasattr(cache, "bits"):
         return mlx_lm_base.scaled_dot_product_attention(queries, keys, values, cache, scale,
                                                         mask, sinks)
     B, Hq, L, D = queries.shape
     Hk, S = keys.shape[1], keys.shape[2]
-    m = _mask_array(mask, L, S)
-    m = m[:, :, None] if m.ndim == 4 else m  # [B, H, L, S] -> [B, H, 1, L, S]
-    q = (queries * scale).reshape(B, Hk, Hq // Hk, L, D)  # the query heads sharing a key head
-    out = _attention(q, keys[:, :, None], values[:, :, None], m)
+    m = _mask_array(mask, L, S, Hq, Hk)
+    q = (queries * scale).reshape(B, Hk, (Hq // Hk) * L, D)
+    out = _attention(q, keys, values, m)
     return out.reshape(B, Hq, L, values.shape[-1])
+
+
+@mx.compile
+def _rope_step(x: mx.array, offset: mx.array, inv_freq: mx.array) -> mx.array:
+    """Rotary embedding of one position per row: x [B, H, 1, D] at positions `offset` [B]
+    (the default, non-interleaved layout: dimension i pairs with i + D/2)."""
+    theta = offset.astype(mx.float32)[:, None, None, None] * inv_freq
+    cos, sin = mx.cos(theta), mx.sin(theta)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+class DecodeRoPE(nn.Module):
+    """Stands in for an `nn.RoPE` while decoding: one-token queries at per-row positions (a batch
+    cache's offsets) take `_rope_step`, one compiled kernel where `mx.fast.rope`'s CPU fallback
+    runs about fifteen ops; anything else goes to the wrapped RoPE."""
+
+    def __init__(self, rope: nn.RoPE) -> None:
+        super().__init__()
+        self.rope = rope
+        # a private name: not a parameter of the model
+        self._inv_freq = mx.array([rope.scale * rope.base ** (-2 * i / rope.dims)
+                                   for i in range(rope.dims // 2)], dtype=mx.float32)
+
+    def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
+        if x.shape[2] != 1 or x.shape[-1] != self.rope.dims or not isinstance(offset, mx.array):
+            return self.rope(x, offset=offset)
+        return _rope_step(x, offset, self._inv_freq)
 
 
 _SWAPS = ((activations.swiglu, swiglu),
@@ -159,6 +199,21 @@ def fast_cpu_kernels(model: nn.Module) -> Iterator[None]:
     finally:
         for mod, name, old in swapped:
             setattr(mod, name, old)
+
+
+@contextlib.contextmanager
+def decode_rope(model: nn.Module) -> Iterator[None]:
+    """Within the block, the attention layers' `nn.RoPE` (the plain kind; not the scaled
+    variants, not the interleaved layout) are wrapped in `DecodeRoPE` (CPU only)."""
+    mods = [m for m in model.modules() if type(getattr(m, "rope", None)) is nn.RoPE
+            and not m.rope.traditional] if enabled() else []
+    for m in mods:
+        m.rope = DecodeRoPE(m.rope)
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.rope = m.rope.rope
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from . import shared_prompt
 _LOG2E = 1.4426950408889634
 
 
-def _exp(x: mx.array) -> mx.array:
+def exp(x: mx.array) -> mx.array:
     """e**x. On the CPU backend as 2**(x log2 e): same float32 accuracy, ~3x faster there."""
     if mx.default_device() == mx.cpu:
         return mx.power(2.0, x * _LOG2E)
@@ -48,7 +48,7 @@ def logprobs_and_entropy(logits: mx.array, targets: mx.array, temperature: float
     if temperature != 1.0:
         z = z / temperature
     z = z - mx.stop_gradient(z.max(axis=-1, keepdims=True))
-    e = _exp(z)
+    e = exp(z)
     s = e.sum(axis=-1)
     log_s = mx.log(s)
     logp = mx.take_along_axis(z, targets[..., None], axis=-1)[..., 0] - log_s

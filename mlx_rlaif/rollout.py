@@ -1,12 +1,13 @@
 """Rollouts: G completions for each of P prompts, all P x G decoding together.
 
-Built on mlx-lm's `BatchGenerator` with the live LoRA weights (no sync step; small unquantized
-models decode with the adapters fused into a temporary copy, `backends.mlx.lora_fused`). Each prompt
-is prefilled once (`prefill_once`): its KV cache, holding all but the last prompt token, is given to
-the G members of its group, and `BatchKVCache.merge` copies it into the batch, so no group member
-recomputes it. The sampler's log-probability of each sampled token is kept, at the sampling
-temperature over the full distribution (before top-p/top-k truncation), so the PPO ratio against
-it is real and extra PPO iterations need no extra forward.
+The live LoRA weights decode (no sync step; small unquantized models with the adapters fused into
+a temporary copy, `backends.mlx.lora_fused`) in `decode.decode`'s batched loop. Each prompt is
+prefilled once (`prefill_once`): its KV cache, holding all but the last prompt token, is given to
+the G members of its group, and mlx-lm's `merge` copies it into the batch cache, so no group
+member recomputes it. The sampler's log-probability of each sampled token is kept, at the
+sampling temperature over the full distribution (before top-p/top-k truncation), so the PPO ratio
+against it is real and extra PPO iterations need no extra forward. `completion_batch_size` splits
+the rows into batches decoded one after the other.
 
 Not covered: stop strings (only EOS token ids stop), speculative decoding, prompts longer than the
 model's context.
@@ -21,14 +22,12 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
-from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.sample_utils import make_sampler
 
 from .backends.mlx import lora_fused
-from .cpu_kernels import fast_cpu_kernels
-from .losses import logprobs_and_entropy
+from .batch import chunks
+from .cpu_kernels import decode_rope, fast_cpu_kernels
+from .decode import decode, merged_cache, picker
 from .records import Rollout, Task
 
 
@@ -77,73 +76,31 @@ def _prefill(model: nn.Module, prompt: list[int]) -> list[Any]:
     return cache
 
 
-def _step_logprobs(rows: list[mx.array], tokens: list[int], temperature: float
-                   ) -> list[float] | mx.array:
-    """log softmax(logits / T)[token] for one decode step, from the generator's rows (already
-    log softmax(logits), evaluated). [n]
-
-    At T = 1 the value is read from the rows through numpy views: no device op, no sync, no copy
-    of the [n, V] rows (a float list). Otherwise, and for bfloat16 rows that numpy cannot view,
-    one lazy array for the caller to evaluate asynchronously."""
-    if temperature == 1.0:
-        try:
-            return [float(np.asarray(r)[t]) for r, t in zip(rows, tokens, strict=True)]
-        except (ValueError, TypeError, RuntimeError):  # bfloat16 has no buffer format
-            pass
-    lp = mx.stack(rows).astype(mx.float32)  # [n, V]
-    idx = mx.array(tokens)
-    if temperature == 1.0:
-        return mx.take_along_axis(lp, idx[:, None], axis=-1)[:, 0]
-    return logprobs_and_entropy(lp, idx, temperature)[0]  # entropy is lazy: never computed
-
-
 def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
              params: SamplingParams, eos_ids: Sequence[int]) -> tuple[list[dict], dict]:
     """Sample `group_size` completions per prompt. Returns per-sequence dicts (prompt-major order,
     index p * G + g) with tokens, logprobs, finish_reason, and stats."""
     n = len(prompts_P) * group_size
-    width = params.completion_batch_size or n
-    sampler = make_sampler(params.temperature, top_p=params.top_p if params.top_p < 1 else 0.0,
-                           top_k=params.top_k)
-    gen = BatchGenerator(model, max_tokens=params.max_new_tokens,
-                         stop_tokens=[[int(e)] for e in eos_ids], sampler=sampler,
-                         completion_batch_size=width, prefill_batch_size=width)
+    prompt_of = [i // group_size for i in range(n)]
+    pick = picker(params.temperature, params.top_p, params.top_k)
     tic = time.perf_counter()
-    if params.prefill_once:
-        caches = [_prefill(model, p) for p in prompts_P]
-        uids = gen.insert([[p[-1]] for p in prompts_P for _ in range(group_size)],
-                          caches=[caches[i] for i in range(len(prompts_P))
-                                  for _ in range(group_size)],
-                          all_tokens=[list(p[:-1]) for p in prompts_P for _ in range(group_size)])
-    else:
-        uids = gen.insert([list(p) for p in prompts_P for _ in range(group_size)])
-    slot = {uid: i for i, uid in enumerate(uids)}
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    pending: list[tuple[list[int], list[float] | mx.array]] = []
-    finish = ["length"] * n
-    widths: list[int] = []
-    try:
-        while responses := gen.next_generated():
-            widths.append(len(responses))
-            idx = [slot[r.uid] for r in responses]
-            toks = [int(r.token) for r in responses]
-            lp = _step_logprobs([r.logprobs for r in responses], toks, params.temperature)
-            if isinstance(lp, mx.array):
-                mx.async_eval(lp)
-            pending.append((idx, lp))
-            for i, t, r in zip(idx, toks, responses, strict=True):
-                tokens[i].append(t)
-                if r.finish_reason is not None:
-                    finish[i] = r.finish_reason
-    finally:
-        gen.close()
-    logprobs: list[list[float]] = [[] for _ in range(n)]
-    mx.eval([lp for _, lp in pending if isinstance(lp, mx.array)])
-    for idx, lp in pending:
-        for i, v in zip(idx, lp if isinstance(lp, list) else lp.tolist(), strict=True):
-            logprobs[i].append(v)
+    with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model), \
+            decode_rope(model):
+        if params.prefill_once:
+            caches = [_prefill(model, p) for p in prompts_P]
+            row_caches = [caches[p] for p in prompt_of]
+        else:
+            row_caches = [_prefill(model, prompts_P[p]) for p in prompt_of]
+        parts = []
+        for rows in chunks(n, params.completion_batch_size):
+            parts.append(decode(model, merged_cache(row_caches[rows]),
+                                [prompts_P[p][-1] for p in prompt_of[rows]],
+                                params.max_new_tokens, pick, set(eos_ids)))
     seconds = time.perf_counter() - tic
-    ntok = sum(len(t) for t in tokens)
+    seqs = [{"tokens": t, "logprobs": lp, "finish_reason": f} for d in parts
+            for t, lp, f in zip(d.tokens, d.logprobs, d.finish, strict=True)]
+    widths = [w for d in parts for w in d.widths]
+    ntok = sum(len(s["tokens"]) for s in seqs)
     stats = {
         "gen/tokens": float(ntok),
         "gen/seconds": seconds,
@@ -151,8 +108,6 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
         "gen/decode_width": float(max(widths, default=0)),
         "gen/decode_width_mean": sum(widths) / len(widths) if widths else 0.0,
     }
-    seqs = [{"tokens": t, "logprobs": lp, "finish_reason": f}
-            for t, lp, f in zip(tokens, logprobs, finish, strict=True)]
     return seqs, stats
 
 
@@ -163,8 +118,7 @@ def sample(model: nn.Module, tokenizer: Any, tasks: Sequence[Task], params: Samp
     fmt = format or prompt_formatter(tokenizer)
     prompts_P = [fmt(t) for t in tasks]
     eos = sorted(getattr(tokenizer, "eos_token_ids", None) or {tokenizer.eos_token_id})
-    with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model):
-        seqs, stats = generate(model, prompts_P, group_size, params, eos)
+    seqs, stats = generate(model, prompts_P, group_size, params, eos)
     eos_set = set(eos)
     rollouts = []
     for i, s in enumerate(seqs):

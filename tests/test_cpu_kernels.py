@@ -37,16 +37,17 @@ def test_swiglu_values_and_gradient() -> None:
         _close(f, r)
 
 
-@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive"])
-@pytest.mark.parametrize(("L", "S"), [(5, 5), (3, 7)])
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "per_head"])
+@pytest.mark.parametrize(("L", "S"), [(5, 5), (3, 7), (1, 9)])
 def test_attention_matches_mlx_fast(mask_kind: str, L: int, S: int) -> None:
     mx.random.seed(0)
     B, Hq, Hk, D = 2, 4, 2, 8  # grouped-query: 2 query heads per key head
     q, k, v = (mx.random.normal((B, h, n, D)) for h, n in ((Hq, L), (Hk, S), (Hk, S)))
     mask: object = {"none": None, "causal": "causal",
                     "bool": mx.random.uniform(shape=(B, 1, L, S)) > 0.3,
-                    "additive": mx.random.normal((L, S))}[mask_kind]
-    if mask_kind == "bool":
+                    "additive": mx.random.normal((L, S)),
+                    "per_head": mx.random.uniform(shape=(B, Hq, L, S)) > 0.3}[mask_kind]
+    if mask_kind in ("bool", "per_head"):
         mask = mask | (mx.arange(S) == S - 1)  # every query sees at least one key
 
     def f(fn: object, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
@@ -137,3 +138,19 @@ def test_blas_threads_set_and_restored() -> None:
             assert get() == 2
     assert get() == before
 
+
+
+def test_decode_rope_matches_mx_fast_and_is_scoped(micro_model: Path) -> None:
+    rope = nn.RoPE(16, base=10000.0, scale=0.5)
+    x = mx.random.normal((3, 4, 1, 16))
+    offset = mx.array([0, 7, 1000])  # per-row positions, as a batch cache gives them
+    _close(cpu_kernels.DecodeRoPE(rope)(x, offset=offset), rope(x, offset=offset), 1e-4)
+    x5 = mx.random.normal((3, 4, 5, 16))  # several positions: the wrapped RoPE itself
+    assert mx.array_equal(cpu_kernels.DecodeRoPE(rope)(x5, offset=2), rope(x5, offset=2))
+    model = load_policy(str(micro_model)).model
+    attn = [m for m in model.modules() if hasattr(m, "rope")]
+    with cpu_kernels.decode_rope(model):
+        if mx.default_device() == mx.cpu:
+            assert all(type(m.rope) is cpu_kernels.DecodeRoPE for m in attn)
+        assert not any("_inv_freq" in k for k, _ in tree_flatten(model.parameters()))
+    assert all(type(m.rope) is nn.RoPE for m in attn)

@@ -656,6 +656,12 @@ def w_micro(spec: dict) -> dict:
                cfg.generation.num_samples_per_prompt, run.format)
         return mx.array(0)
 
+    def rollout_batch_generator() -> Any:
+        _batch_generator_rollout(model, [run.format(t) for t in ours.tasks],
+                                 cfg.generation.num_samples_per_prompt, _sampling(cfg),
+                                 sorted(run.policy.tokenizer.eos_token_ids))
+        return mx.array(0)
+
     cases = {"fwd_bwd_pad32_mx_exp_formulation": old_formulation,
              "fwd_bwd_pad32": lambda: vg(model, mbs[32]), "fwd_bwd_pad8": lambda: vg(model, mbs[8]),
              "fwd_bwd_pad8_compiled": lambda: compiled(mbs[8]),
@@ -663,6 +669,7 @@ def w_micro(spec: dict) -> dict:
              "fwd_bwd_pad8_shared_prompt_cpu_kernels": kernels,
              "rollout_lora_unfused": lambda: rollout(0),
              "rollout_lora_fused": lambda: rollout(256),
+             "rollout_mlx_lm_batch_generator": rollout_batch_generator,
              "exp_8x128x4096": lambda: mx.exp(x),
              "pow2_8x128x4096": lambda: mx.power(2.0, x * 1.4426950408889634)}
     default = int(os.environ.get("OPENBLAS_NUM_THREADS", "1"))
@@ -681,6 +688,36 @@ def w_micro(spec: dict) -> dict:
                 times[k].append(time.perf_counter() - tic)
     return {"ms": {k: 1e3 * _median(v) for k, v in times.items()}, "times_s": times,
             "shapes": {p: list(mb["tokens"].shape) for p, mb in mbs.items()}}
+
+
+def _batch_generator_rollout(model: Any, prompts: list, G: int, params: Any, eos: list) -> int:
+    """Our rollout as it was built on mlx-lm's `BatchGenerator` (the same prefilled caches, fused
+    adapters and CPU kernels; its logsumexp and Gumbel sampler, one row slice per log-prob):
+    the A/B for decode.py's own loop. Returns the number of tokens."""
+    import numpy as np
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
+
+    from mlx_rlaif.backends.mlx import lora_fused
+    from mlx_rlaif.cpu_kernels import decode_rope, fast_cpu_kernels
+    from mlx_rlaif.rollout import _prefill
+
+    n = 0
+    with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model), \
+            decode_rope(model):
+        gen = BatchGenerator(model, max_tokens=params.max_new_tokens,
+                             stop_tokens=[[int(e)] for e in eos],
+                             sampler=make_sampler(params.temperature))
+        caches = [_prefill(model, p) for p in prompts]
+        gen.insert([[p[-1]] for p in prompts for _ in range(G)],
+                   caches=[c for c in caches for _ in range(G)],
+                   all_tokens=[list(p[:-1]) for p in prompts for _ in range(G)])
+        try:
+            while responses := gen.next_generated():
+                n += len([float(np.asarray(r.logprobs)[r.token]) for r in responses])
+        finally:
+            gen.close()
+    return n
 
 
 def _mx_exp_logprobs(logits: Any, targets: Any, temperature: float) -> tuple:

@@ -1,0 +1,121 @@
+"""The batched decode loop of the MLX rollouts: rows decode together over a merged mlx-lm cache.
+
+`decode(model, cache, first, max_tokens, pick, eos)` runs one model call per step for every row
+still decoding; the next step is queued (`mx.async_eval`) before the current one is read, so
+building a step's graph overlaps the previous step's compute. A row that samples an EOS id stops
+("stop", the EOS kept), the others stop after `max_tokens` ("length"); finished rows are filtered
+out of the cache (mlx-lm's `filter`), so the width shrinks as rows end.
+
+`picker(temperature, top_p, top_k)` gives the per-step sampler: the token of each row and its
+log-probability at the sampling temperature over the full distribution (before top-p/top-k
+truncation). Plain temperature sampling draws by inverting the cumulative distribution with one
+exponential pass over the vocabulary (`losses.exp`, a power of 2 on MLX's CPU backend); top-p and
+top-k take mlx-lm's sampler; temperature 0 is greedy, with log-probs at temperature 1.
+
+Why not mlx-lm's `BatchGenerator`: it takes a `logsumexp` and its sampler a Gumbel draw (three
+vocabulary-sized transcendental passes a step, ~20% of a decode step of a small model on MLX's
+CPU backend), and its continuous batching is not needed when all rows start together
+(BENCHMARKS.md has the A/B). The caches, their merging and filtering are mlx-lm's.
+
+Not covered: stop strings, logits processors, rows joining a running batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.sample_utils import make_sampler
+
+from .losses import exp
+
+Pick = Callable[[mx.array], tuple[mx.array, mx.array]]
+
+
+@dataclass
+class Decoded:
+    """Per row: tokens, their sampler log-probs, why it stopped; and the width of each step."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finish: list[str]
+    widths: list[int] = field(default_factory=list)
+
+
+def picker(temperature: float, top_p: float = 1.0, top_k: int = 0) -> Pick:
+    """logits [B, V] -> (tokens [B], log-probs [B] at `temperature`, full distribution)."""
+    truncated = (top_p < 1.0 or top_k > 0) and temperature > 0
+    sampler = make_sampler(temperature, top_p=top_p if top_p < 1 else 0.0, top_k=top_k) \
+        if truncated else None
+    scale = 1.0 / temperature if temperature > 0 else 1.0
+
+    def pick(logits: mx.array) -> tuple[mx.array, mx.array]:
+        z = logits.astype(mx.float32)
+        z = z * scale if scale != 1.0 else z
+        z = z - z.max(axis=-1, keepdims=True)
+        cdf = mx.cumsum(exp(z), axis=-1)
+        total = cdf[:, -1:]
+        if sampler is not None:  # mlx-lm's sampler takes log-probs at temperature 1
+            tok = sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        elif temperature > 0:
+            u = mx.random.uniform(shape=total.shape) * total
+            tok = mx.minimum((cdf <= u).sum(axis=-1), z.shape[-1] - 1)
+        else:
+            tok = mx.argmax(z, axis=-1)
+        tok = tok.astype(mx.uint32)
+        logp = mx.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - mx.log(total[:, 0])
+        return tok, logp
+
+    return pick
+
+
+def merged_cache(caches: list[list[Any]]) -> list[Any]:
+    """One batch cache per layer from per-row prompt caches (mlx-lm's `merge`, which copies)."""
+    return [layer[0].merge(list(layer)) for layer in zip(*caches, strict=True)]
+
+
+def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int, pick: Pick,
+           eos: Collection[int]) -> Decoded:
+    """Decode `len(first)` rows, each from its last prompt token, over `cache` (merged)."""
+    n = len(first)
+    out = Decoded([[] for _ in range(n)], [[] for _ in range(n)], ["length"] * n)
+    rows = list(range(n))  # the row of each batch position
+
+    def step(y: mx.array) -> tuple[mx.array, mx.array]:
+        nxt = pick(model(y[:, None], cache=cache)[:, -1])
+        mx.async_eval(*nxt)
+        return nxt
+
+    y, lp = step(mx.array(first, dtype=mx.uint32))
+    for t in range(max_tokens):
+        more = t + 1 < max_tokens
+        if more:
+            y_next, lp_next = step(y)
+        keep = _record(out, rows, y.tolist(), lp.tolist(), eos)
+        if not (more and keep):
+            break
+        if len(keep) < len(rows):
+            for c in cache:
+                c.filter(keep)
+            y_next, lp_next = y_next[mx.array(keep)], lp_next[mx.array(keep)]
+            rows = [rows[j] for j in keep]
+        y, lp = y_next, lp_next
+    return out
+
+
+def _record(out: Decoded, rows: list[int], toks: list[int], lps: list[float],
+            eos: Collection[int]) -> list[int]:
+    """Append a step's tokens to their rows; the batch positions still decoding."""
+    out.widths.append(len(rows))
+    keep = []
+    for j, (i, tok, lp) in enumerate(zip(rows, toks, lps, strict=True)):
+        out.tokens[i].append(tok)
+        out.logprobs[i].append(lp)
+        if tok in eos:
+            out.finish[i] = "stop"
+        else:
+            keep.append(j)
+    return keep
