@@ -26,15 +26,13 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import shared_prompt
-
-_LOG2E = 1.4426950408889634
+from .cpu_kernels import exp2e
 
 
 def exp(x: mx.array) -> mx.array:
-    """e**x. On the CPU backend as 2**(x log2 e): same float32 accuracy, ~3x faster there."""
-    if mx.default_device() == mx.cpu:
-        return mx.power(2.0, x * _LOG2E)
-    return mx.exp(x)
+    """e**x. On the CPU backend as 2**(x log2 e) (`cpu_kernels.exp2e`): same float32 accuracy,
+    ~3x faster there."""
+    return exp2e(x) if mx.default_device() == mx.cpu else mx.exp(x)
 
 
 def logprobs_and_entropy(logits: mx.array, targets: mx.array, temperature: float = 1.0
