@@ -1,6 +1,6 @@
 """Benchmarks: mlx-rlaif side by side with mlx-lm's `batch_generate` and mlx-lm-lora's GRPO.
 
-    python tools/bench.py            # full run: about 9 minutes on 2 cores
+    python tools/bench.py            # full run: about 5 minutes on 2 cores
     python tools/bench.py --quick    # about 2 minutes: fewer repetitions, 16-token 0.5B step
     python tools/bench.py --quick --no-big --group 8    # other P x G x tokens: --prompts, --group,
                                                         # --max-tokens; results in --out (JSON)
@@ -21,7 +21,7 @@ What it measures (BENCHMARKS.md explains each figure and has the latest results)
 - A/B in one process of choices in losses.py / batch.py / blas.py / cpu_kernels.py /
   backends.mlx: the loss formulation (one pow-based exp pass vs mx.logsumexp + mx.exp), padding
   to 32 vs 8, mx.compile, threads, the shared-prompt forward, the CPU attention and SwiGLU, a
-  rollout with the LoRA adapters fused for decoding vs not;
+  rollout with the LoRA adapters fused for decoding vs not, and in mlx-lm's `BatchGenerator`;
 - on the Qwen2.5-0.5B shape: peak memory with the KL reference on and off.
 
 Models are random-weight Qwen2s built locally (`mlx_rlaif.randmodel`, cached in .bench/models).
@@ -602,7 +602,7 @@ def w_micro(spec: dict) -> dict:
     forward (each prompt once for its group) vs every row in full, 1 vs 2 OpenBLAS threads, exp
     vs pow over a logits-sized array, cpu_kernels.py's attention softmax and SwiGLU (alone and
     with the 2 training threads, as `update` runs it), and a rollout with the LoRA adapters fused
-    for decoding vs not."""
+    for decoding vs not, and in mlx-lm's `BatchGenerator` (decode.py's loop vs the one before)."""
     from dataclasses import replace
     from functools import partial
 
