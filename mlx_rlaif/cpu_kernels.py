@@ -24,6 +24,7 @@ Opt out with MLX_RLAIF_CPU_KERNELS=0.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -146,32 +147,36 @@ def scaled_dot_product_attention(queries: mx.array, keys: mx.array, values: mx.a
 
 
 @mx.compile
-def _rope_step(x: mx.array, offset: mx.array, inv_freq: mx.array) -> mx.array:
+def _rope_step(x: mx.array, offset: mx.array, scale: mx.array, inv_freq: mx.array) -> mx.array:
     """Rotary embedding of one position per row: x [B, H, 1, D] at positions `offset` [B]
-    (the default, non-interleaved layout: dimension i pairs with i + D/2)."""
-    theta = offset.astype(mx.float32)[:, None, None, None] * inv_freq
-    cos, sin = mx.cos(theta), mx.sin(theta)
+    (the default, non-interleaved layout: dimension i pairs with i + D/2). The angles as
+    `mx.fast.rope` computes them, the rotation in x's dtype as it does (equal results, bfloat16
+    included: tests/test_cpu_kernels.py)."""
+    theta = (offset.astype(mx.float32) * scale)[:, None, None, None] * inv_freq
+    cos, sin = mx.cos(theta).astype(x.dtype), mx.sin(theta).astype(x.dtype)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+    return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
 class DecodeRoPE(nn.Module):
     """Stands in for an `nn.RoPE` while decoding: one-token queries at per-row positions (a batch
-    cache's offsets) take `_rope_step`, one compiled kernel where `mx.fast.rope`'s CPU fallback
-    runs about fifteen ops; anything else goes to the wrapped RoPE."""
+    cache's offsets, one per row) take `_rope_step`, one compiled kernel where `mx.fast.rope`'s
+    CPU fallback runs about fifteen ops; anything else goes to the wrapped RoPE."""
 
     def __init__(self, rope: nn.RoPE) -> None:
         super().__init__()
         self.rope = rope
-        # a private name: not a parameter of the model
-        self._inv_freq = mx.array([rope.scale * rope.base ** (-2 * i / rope.dims)
-                                   for i in range(rope.dims // 2)], dtype=mx.float32)
+        half = rope.dims // 2  # private names below: not parameters of the model
+        self._inv_freq = mx.exp(-mx.arange(half, dtype=mx.float32) * (math.log(rope.base) / half))
+        self._scale = mx.array(rope.scale, dtype=mx.float32)
 
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
-        if x.shape[2] != 1 or x.shape[-1] != self.rope.dims or not isinstance(offset, mx.array):
+        per_row = isinstance(offset, mx.array) and offset.ndim == 1 \
+            and offset.shape[0] == x.shape[0]
+        if not per_row or x.shape[2] != 1 or x.shape[-1] != self.rope.dims:
             return self.rope(x, offset=offset)
-        return _rope_step(x, offset, self._inv_freq)
+        return _rope_step(x, offset, self._scale, self._inv_freq)
 
 
 _SWAPS = ((activations.swiglu, swiglu),

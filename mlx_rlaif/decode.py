@@ -47,10 +47,18 @@ class Decoded:
 
 def picker(temperature: float, top_p: float = 1.0, top_k: int = 0) -> Pick:
     """logits [B, V] -> (tokens [B], log-probs [B] at `temperature`, full distribution)."""
-    truncated = (top_p < 1.0 or top_k > 0) and temperature > 0
-    sampler = make_sampler(temperature, top_p=top_p if top_p < 1 else 0.0, top_k=top_k) \
-        if truncated else None
     scale = 1.0 / temperature if temperature > 0 else 1.0
+    samplers: dict[int, Any] = {}
+
+    def truncating(vocab: int) -> Any:
+        """mlx-lm's sampler where top-p / top-k truncate (a top-k of the whole vocabulary does
+        not), else None."""
+        if vocab not in samplers:
+            k = top_k if top_k < vocab else 0
+            samplers[vocab] = make_sampler(temperature, top_p=top_p if top_p < 1 else 0.0,
+                                           top_k=k) if temperature > 0 and (top_p < 1 or k) \
+                else None
+        return samplers[vocab]
 
     def pick(logits: mx.array) -> tuple[mx.array, mx.array]:
         z = logits.astype(mx.float32)
@@ -58,7 +66,7 @@ def picker(temperature: float, top_p: float = 1.0, top_k: int = 0) -> Pick:
         z = z - z.max(axis=-1, keepdims=True)
         cdf = mx.cumsum(exp(z), axis=-1)
         total = cdf[:, -1:]
-        if sampler is not None:  # mlx-lm's sampler takes log-probs at temperature 1
+        if (sampler := truncating(z.shape[-1])) is not None:  # takes log-probs at temperature 1
             tok = sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
         elif temperature > 0:
             u = mx.random.uniform(shape=total.shape) * total
@@ -82,6 +90,8 @@ def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int
     """Decode `len(first)` rows, each from its last prompt token, over `cache` (merged)."""
     n = len(first)
     out = Decoded([[] for _ in range(n)], [[] for _ in range(n)], ["length"] * n)
+    if max_tokens < 1:
+        return out
     rows = list(range(n))  # the row of each batch position
 
     def step(y: mx.array) -> tuple[mx.array, mx.array]:

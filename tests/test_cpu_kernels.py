@@ -141,12 +141,16 @@ def test_blas_threads_set_and_restored() -> None:
 
 
 def test_decode_rope_matches_mx_fast_and_is_scoped(micro_model: Path) -> None:
-    rope = nn.RoPE(16, base=10000.0, scale=0.5)
-    x = mx.random.normal((3, 4, 1, 16))
-    offset = mx.array([0, 7, 1000])  # per-row positions, as a batch cache gives them
-    _close(cpu_kernels.DecodeRoPE(rope)(x, offset=offset), rope(x, offset=offset), 1e-4)
-    x5 = mx.random.normal((3, 4, 5, 16))  # several positions: the wrapped RoPE itself
-    assert mx.array_equal(cpu_kernels.DecodeRoPE(rope)(x5, offset=2), rope(x5, offset=2))
+    offset = mx.array([0, 7, 1000, 131000])  # per-row positions, as a batch cache gives them
+    for rope in (nn.RoPE(16, base=10000.0, scale=0.5), nn.RoPE(64, base=1e6)):
+        for dtype in (mx.float32, mx.bfloat16):  # the same numbers as training's RoPE, exactly
+            x = mx.random.normal((4, 2, 1, rope.dims)).astype(dtype)
+            fast = cpu_kernels.DecodeRoPE(rope)(x, offset=offset)
+            assert fast.dtype == dtype and mx.array_equal(fast, rope(x, offset=offset))
+    rope, x5 = nn.RoPE(16), mx.random.normal((3, 4, 5, 16))
+    for x_, off in ((x5, 2), (x5[:, :, :1], mx.array(3))):  # several positions, or one offset
+        # for every row: the wrapped RoPE itself
+        assert mx.array_equal(cpu_kernels.DecodeRoPE(rope)(x_, offset=off), rope(x_, offset=off))
     model = load_policy(str(micro_model)).model
     attn = [m for m in model.modules() if hasattr(m, "rope")]
     with cpu_kernels.decode_rope(model):

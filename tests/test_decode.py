@@ -14,7 +14,9 @@ import pytest
 from mlx_lm.models.cache import KVCache
 
 from mlx_rlaif.backends.mlx import load_policy, token_logprobs
+from mlx_rlaif.cpu_kernels import fast_cpu_kernels
 from mlx_rlaif.decode import decode, merged_cache, picker
+from mlx_rlaif.randmodel import make_model_dir
 from mlx_rlaif.rollout import SamplingParams, generate
 
 PROBS = [0.5, 0.25, 0.125, 0.125, 0.0]
@@ -46,6 +48,9 @@ def test_greedy_and_top_k_report_full_distribution_logprobs() -> None:
     tok, logp = picker(2.0, top_k=1)(logits)  # truncated to one token, ratio vs the full T=2
     assert tok.tolist() == [1, 0]
     np.testing.assert_allclose(np.array(logp)[1], 1.5 - math.log(math.e**1.5 + 2), atol=1e-6)
+    mx.random.seed(1)
+    tok, _ = picker(1.0, top_k=50)(mx.zeros((2000, 3)))  # top-k beyond the vocabulary: no cut
+    assert sorted(set(tok.tolist())) == [0, 1, 2]
 
 
 class CountingModel(nn.Module):
@@ -70,18 +75,28 @@ def test_rows_stop_at_eos_and_leave_the_batch() -> None:
     np.testing.assert_allclose(np.concatenate(out.logprobs), 0.0, atol=1e-6)
     short = decode(CountingModel(), merged_cache([[KVCache()]]), [0], 3, picker(1.0), {7})
     assert short.tokens == [[1, 2, 3]] and short.finish == ["length"]
+    cache = merged_cache([[KVCache()]])
+    none = decode(CountingModel(), cache, [0], 0, picker(1.0), {7})  # no step at all
+    assert none.tokens == [[]] and none.widths == [] and cache[0].keys is None
 
 
-def test_prefilled_groups_match_the_full_forward(micro_model: Path) -> None:
-    policy = load_policy(str(micro_model))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prefilled_groups_match_the_full_forward(micro_model: Path, tmp_path: Path,
+                                                 dtype: str) -> None:
+    """The sampler's log-probs are the trainer's (the PPO ratio starts at 1): decoding's RoPE and
+    attention kernels round as the full forward does, bfloat16 included."""
+    path = micro_model if dtype == "float32" else make_model_dir(tmp_path / "m", "micro", 3, dtype)
+    policy = load_policy(str(path))
     prompts = [[3, 17, 29, 40, 51], [8, 9]]
-    params = SamplingParams(temperature=1.0, max_new_tokens=12, completion_batch_size=3)
+    params = SamplingParams(temperature=0.7, max_new_tokens=12, completion_batch_size=3)
     mx.random.seed(2)
     seqs, stats = generate(policy.model, prompts, 2, params, eos_ids=[])
     assert stats["gen/decode_width"] == 3  # 4 rows in batches of 3 and 1
     for i, s in enumerate(seqs):
         assert len(s["tokens"]) == 12 and s["finish_reason"] == "length"
         row = mx.array([prompts[i // 2] + s["tokens"]])
-        logp, _ = token_logprobs(policy.model, row)
+        with fast_cpu_kernels(policy.model):  # as the update computes them
+            logp, _ = token_logprobs(policy.model, row, temperature=0.7)
         n = len(prompts[i // 2])
-        np.testing.assert_allclose(np.array(logp)[0, n - 1:], s["logprobs"], atol=2e-4)
+        np.testing.assert_allclose(np.array(logp)[0, n - 1:], s["logprobs"],
+                                   atol=2e-4 if dtype == "float32" else 2e-3)
