@@ -110,7 +110,8 @@ def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int
         if len(keep) < len(rows):
             for c in cache:
                 c.filter(keep)
-            y_next, lp_next = y_next[mx.array(keep)], lp_next[mx.array(keep)]
+            idx = mx.array(keep)
+            y_next, lp_next = y_next[idx], lp_next[idx]
             rows = [rows[j] for j in keep]
         y, lp = y_next, lp_next
     return out
