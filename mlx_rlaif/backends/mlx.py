@@ -113,8 +113,16 @@ def lora_disabled(model: nn.Module) -> Iterator[None]:
     That computes base(x) exactly, with no second copy of the weights for the KL reference, and
     skips the adapters' products (setting their scale to 0 would still compute them).
     """
-    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, _LORA_TYPES)]
-    model.update_modules(tree_unflatten([(n, _wrapped(m)) for n, m in mods]))
+    with _replaced(model, lambda m: isinstance(m, _LORA_TYPES), _wrapped):
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(model: nn.Module, which: Any, new: Any) -> Iterator[None]:
+    """Within the block, every submodule m with `which(m)` is replaced by `new(m)`; the
+    originals are put back on exit."""
+    mods = [(n, m) for n, m in model.named_modules() if which(m)]
+    model.update_modules(tree_unflatten([(n, new(m)) for n, m in mods]))
     try:
         yield
     finally:
@@ -149,12 +157,8 @@ def lora_fused(model: nn.Module, max_bytes: int) -> Iterator[bool]:
     if size is None or size > max_bytes:
         yield False
         return
-    mods = [(n, m) for n, m in model.named_modules() if type(m) is LoRALinear]
-    model.update_modules(tree_unflatten([(n, m.fuse()) for n, m in mods]))
-    try:
+    with _replaced(model, lambda m: type(m) is LoRALinear, lambda m: m.fuse()):
         yield True
-    finally:
-        model.update_modules(tree_unflatten(mods))
 
 
 def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0,
