@@ -1,5 +1,6 @@
 """The shared-prompt forward (each prompt once for its G completions) against the full forward:
-same log-probs, same loss gradient, same update, same reference; unsupported caches detected."""
+same log-probs, same loss gradient, same update, same reference (on the host or computed in the
+update on the device); unsupported caches detected."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import RotatingKVCache
 
 from mlx_rlaif import checkpoint, shared_prompt
-from mlx_rlaif.backends.mlx import load_policy, lora_modules
+from mlx_rlaif.backends.mlx import load_policy, lora_disabled, lora_modules
 from mlx_rlaif.batch import aggregation_weights, build, build_shared, prompt_groups
 from mlx_rlaif.config import load as load_config
 from mlx_rlaif.losses import logprobs_and_entropy, rl_loss
@@ -93,8 +94,21 @@ def test_loss_gradient_equals_the_full_forward(micro_model: Path) -> None:
         assert np.isfinite(np.array(flat[k])).all()
 
 
+def test_reference_is_the_base_models_forward(micro_model: Path) -> None:
+    policy = load_policy(str(micro_model))
+    _perturb(policy.model)
+    rollouts = _rollouts()
+    ref = reference_logprobs(policy.model, rollouts, load_config(None, []))
+    with lora_disabled(policy.model):
+        base = _full_logprobs(policy.model, rollouts)
+    tuned = _full_logprobs(policy.model, rollouts)
+    for a, b, c in zip(ref, base, tuned, strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    assert max(np.abs(a - c).max() for a, c in zip(ref, tuned, strict=True)) > 1e-3
+
+
 def _update(micro_model: Path, tmp: Path, share: bool, rollouts: list[Rollout],
-            micro_batch: int = 0) -> dict:
+            micro_batch: int = 0, device_ref: bool = False) -> dict:
     cfg = load_config(None, [f"training.share_prompt={str(share).lower()}", "rl.kl_penalty=0.1",
                              f"training.micro_batch_size={micro_batch}"])
     policy = load_policy(str(micro_model), cfg.lora, seed=0)
@@ -102,9 +116,11 @@ def _update(micro_model: Path, tmp: Path, share: bool, rollouts: list[Rollout],
     run = Run(cfg, policy, None, make_optimizer(cfg, 10), tmp,
               checkpoint.LoopState(kl_coef=0.1), lambda t: [])
     ref = reference_logprobs(policy.model, rollouts, cfg)
-    update(run, rollouts, np.linspace(-1, 1, len(rollouts)), ref)
+    m = update(run, rollouts, np.linspace(-1, 1, len(rollouts)), None if device_ref else ref,
+               reference=device_ref)
+    assert m["kl/mean"] > 1e-4  # the perturbed adapters moved the policy off the reference
     params = {k: np.array(v) for k, v in tree_flatten(policy.model.trainable_parameters())}
-    return {"ref": ref, "params": params}
+    return {"ref": ref, "params": params, "metrics": m}
 
 
 def test_update_and_reference_equal_with_and_without_sharing(micro_model: Path,
@@ -112,7 +128,10 @@ def test_update_and_reference_equal_with_and_without_sharing(micro_model: Path,
     rollouts = _rollouts()
     off = _update(micro_model, tmp_path, False, rollouts)
     for on in (_update(micro_model, tmp_path, True, rollouts),
-               _update(micro_model, tmp_path, True, rollouts, micro_batch=2)):
+               _update(micro_model, tmp_path, True, rollouts, micro_batch=2),
+               _update(micro_model, tmp_path, True, rollouts, micro_batch=2, device_ref=True),
+               _update(micro_model, tmp_path, False, rollouts, device_ref=True)):
+        assert on["metrics"]["kl/mean"] == pytest.approx(off["metrics"]["kl/mean"], rel=1e-4)
         for a, b, r in zip(on["ref"], off["ref"], rollouts, strict=True):
             assert a.shape == b.shape == (len(r.tokens),)
             np.testing.assert_allclose(a, b, atol=2e-5)
