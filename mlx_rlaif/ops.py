@@ -35,9 +35,7 @@ class Ops:
     optimizer: Callable[[Any, Config, int], Any]
     sample: Callable[[Run, list[Task], int], tuple[list[Rollout], dict]]
     reference: Callable[[Run, list[Rollout]], list[np.ndarray]]
-    # (run, rollouts, adv, ref, reference=False): `reference` computes the reference log-probs
-    # itself (ref None), which the MLX update does on the device
-    update: Callable[..., dict[str, float]]
+    update: Callable[[Run, list[Rollout], np.ndarray, Any], dict[str, float]]
     save: Callable[[Run, str, dict], Path]
     restore: Callable[[Any, Any, Path], checkpoint.LoopState]
     mlx_model: Callable[[Run, Path], tuple[Any, Any]]  # an MLX model + tokenizer to export
@@ -54,10 +52,9 @@ def mlx_ops() -> Ops:
         with training_fast_paths(run.policy.model):
             return reference_logprobs(run.policy.model, rollouts, run.cfg)
 
-    def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any,
-                reference: bool = False) -> dict:
+    def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any) -> dict:
         with training_fast_paths(run.policy.model):
-            return update(run, rollouts, adv, ref, reference)
+            return update(run, rollouts, adv, ref)
 
     def save_(run: Run, name: str, extra: dict) -> Path:
         return checkpoint.save_checkpoint(run.run_dir, name, run.policy.model,
@@ -78,10 +75,7 @@ def torch_ops() -> Ops:
     from .backends import torch_rollout, torch_update
     from .export import load_with_adapters
 
-    def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any,
-                reference: bool = False) -> dict:
-        if reference:
-            ref = torch_update.reference_logprobs(run.policy, rollouts, run.cfg)
+    def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any) -> dict:
         m, run.skipped = torch_update.update(run.policy, run.optimizer, rollouts, adv, ref, run.cfg,
                                    run.state.kl_coef, run.skipped)
         return m

@@ -77,11 +77,11 @@ def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
                              run.state.reinforce_baseline, cfg.rl.reinforce_decay)
     keep = [i for i in range(len(rollouts)) if adv.keep[i]
             and not (cfg.rl.mask_truncated and rollouts[i].truncated)]
-    if ref is not None:
+    if beta > 0 and not cfg.rl.kl_in_reward and keep:
+        ref = ops.reference(run, [rollouts[i] for i in keep])
+    elif ref is not None:
         ref = [ref[i] for i in keep]
-    kl_in_loss = beta > 0 and not cfg.rl.kl_in_reward and bool(keep)  # the update's reference
-    upd = {**ops.update(run, [rollouts[i] for i in keep], adv.values[keep], ref,
-                        reference=kl_in_loss), **kl_seq}
+    upd = {**ops.update(run, [rollouts[i] for i in keep], adv.values[keep], ref), **kl_seq}
     t3 = time.perf_counter()
     run.state = replace(run.state, step=run.state.step + 1,
                         reinforce_baseline=adv.baseline,

@@ -3,9 +3,7 @@
 `update(run, rollouts, adv, ref)` takes `num_iterations` optimizer steps on one rollout batch.
 Gradients of micro-batches are summed; the aggregation weights (batch.py) make the sum equal the
 whole-batch gradient. A non-finite loss or gradient norm skips the step and is counted. The
-reference log-probs come from the same weights with the LoRA layers bypassed: given as host
-arrays (`ref`), or with `reference=True` computed into each micro-batch on the device
-(`add_reference`), which spares the round trip through host memory.
+reference log-probs come from the same weights with the LoRA layers bypassed.
 
 Not covered: gradient checkpointing, mixed precision beyond what the model's dtype gives.
 """
@@ -36,9 +34,8 @@ if TYPE_CHECKING:
 
 
 def update(run: Run, rollouts: list[Rollout], adv: np.ndarray,
-           ref: list[np.ndarray] | None, reference: bool = False) -> dict[str, float]:
-    """`num_iterations` optimizer updates on the kept rollouts, micro-batched. `reference`:
-    compute the reference log-probs here (`ref` must then be None)."""
+           ref: list[np.ndarray] | None) -> dict[str, float]:
+    """`num_iterations` optimizer updates on the kept rollouts, micro-batched."""
     cfg = run.cfg
     if not rollouts:
         return {"optim/skipped": float(run.skipped), "train/tokens": 0.0}
@@ -46,8 +43,6 @@ def update(run: Run, rollouts: list[Rollout], adv: np.ndarray,
     w = batching.aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens)
     mbs = [build(rollouts, rows, adv, w, ref, shared)
            for rows, shared in micro_batches(run.policy.model, rollouts, cfg)]
-    if reference:
-        add_reference(run.policy.model, mbs, cfg.generation.temperature)
     loss_fn = partial(rl_loss, rl=cfg.rl, kl_coef=run.state.kl_coef,
                       temperature=cfg.generation.temperature)
     value_and_grad = nn.value_and_grad(run.policy.model, loss_fn)
@@ -83,31 +78,21 @@ def apply_update(run: Run, grads: Any, loss: mx.array) -> float:
     return norm_v
 
 
-def add_reference(model: nn.Module, mbs: list[dict[str, mx.array]], temperature: float) -> None:
-    """Put each micro-batch's reference log-probs (LoRA layers bypassed; 0 off the mask, as
-    `batch.build` writes them) under "ref_logp", evaluated one micro-batch at a time, so the
-    reference pass's activations are freed before the update's are made."""
-    with lora_disabled(model):
-        for mb in mbs:
-            logp = logprobs_and_entropy(shared_prompt.batch_logits(model, mb),
-                                        mb["tokens"][:, 1:], temperature)[0]
-            mb["ref_logp"] = logp * mb["mask"]
-            mx.eval(mb["ref_logp"])
-
-
 def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
                        ) -> list[np.ndarray]:
     """Log-probs of each completion under the frozen base (same weights, LoRA layers bypassed)."""
     out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rollouts)
     zeros = [0.0] * len(rollouts)
-    for rows, shared in micro_batches(model, rollouts, cfg):
-        b = build(rollouts, rows, zeros, zeros, None, shared)
-        add_reference(model, [b], cfg.generation.temperature)
-        logp = np.array(b["ref_logp"])
-        for i, j in enumerate(rows):
-            r = rollouts[j]
-            start = 0 if "prefix" in b else len(r.prompt_tokens) - 1
-            out[j] = logp[i, start: start + len(r.tokens)]
+    with lora_disabled(model):
+        for rows, shared in micro_batches(model, rollouts, cfg):
+            b = build(rollouts, rows, zeros, zeros, None, shared)
+            logp = np.array(logprobs_and_entropy(shared_prompt.batch_logits(model, b),
+                                                 b["tokens"][:, 1:],
+                                                 cfg.generation.temperature)[0])
+            for i, j in enumerate(rows):
+                r = rollouts[j]
+                start = 0 if "prefix" in b else len(r.prompt_tokens) - 1
+                out[j] = logp[i, start: start + len(r.tokens)]
     return out
 
 

@@ -229,7 +229,9 @@ def machine() -> dict:
 
     return {"platform": platform.platform(), "cpus": os.cpu_count(),
             "python": sys.version.split()[0], "mlx": version("mlx"), "mlx_lm": version("mlx-lm"),
-            "openblas": find_fast_blas(), "loadavg_at_start": os.getloadavg()}
+            "openblas": find_fast_blas(), "loadavg_at_start": os.getloadavg(),
+            # both sides run with these (OPENBLAS_CORETYPE picks OpenBLAS's kernels)
+            "openblas_env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")}}
 
 
 def bench_matmul(plan: dict) -> dict:
