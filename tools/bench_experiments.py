@@ -68,7 +68,7 @@ def rollout_fn(model: Any, prompts: list, eos: int, G: int = 4) -> Callable[[], 
     from mlx_rlaif.rollout import SamplingParams, generate
 
     params = SamplingParams(temperature=1.0, max_new_tokens=64)
-    return lambda: generate(model, prompts[: max(1, len(prompts))], G, params, [eos])
+    return lambda: generate(model, prompts, G, params, [eos])
 
 
 def ours_run() -> Any:
