@@ -336,7 +336,7 @@ def poly_exp(rounds: int) -> None:
                 t0 = time.perf_counter()
                 ops.sample(run, ours.tasks, 1)
                 t1 = time.perf_counter()
-                ops.update(run, rollouts, adv, None, reference=True)
+                ops.update(run, rollouts, adv, ops.reference(run, rollouts))
                 phases.setdefault(name, []).append((t1 - t0, time.perf_counter() - t1))
             finally:
                 use(orig)
