@@ -76,8 +76,8 @@ def torch_ops() -> Ops:
     from .export import load_with_adapters
 
     def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any) -> dict:
-        m, run.skipped = torch_update.update(run.policy, run.optimizer, rollouts, adv, ref, run.cfg,
-                                   run.state.kl_coef, run.skipped)
+        m, run.skipped = torch_update.update(run.policy, run.optimizer, rollouts, adv, ref,
+                                             run.cfg, run.state.kl_coef, run.skipped)
         return m
 
     return Ops(

@@ -3,8 +3,9 @@ MLX weights in one process.
 
 `rl_step` is one step, readable on one screen. `train(cfg, ...)` sets up (tasks, reward, model,
 optimizer, run directory), loops over steps, checkpoints, and resumes. The reference model is the
-policy with its LoRA layers bypassed (`lora_disabled`); with `kl_penalty = 0` no reference forward runs. The
-update changes the arrays the next rollout samples from: there is no weight-sync step.
+policy with its LoRA layers bypassed (`lora_disabled`); with `kl_penalty = 0` no reference
+forward runs. The update changes the arrays the next rollout samples from: there is no
+weight-sync step.
 
 Not covered: multi-device training, asynchronous (off-policy) rollouts, value models.
 """

@@ -139,7 +139,6 @@ def test_blas_threads_set_and_restored() -> None:
     assert get() == before
 
 
-
 def test_decode_rope_matches_mx_fast_and_is_scoped(micro_model: Path) -> None:
     offset = mx.array([0, 7, 1000, 131000])  # per-row positions, as a batch cache gives them
     for rope in (nn.RoPE(16, base=10000.0, scale=0.5), nn.RoPE(64, base=1e6)):
