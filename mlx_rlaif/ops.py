@@ -42,6 +42,8 @@ class Ops:
 
 
 def mlx_ops() -> Ops:
+    traced: dict[str, Any] = {}  # the run's compiled gradient and reference functions (update.py)
+
     def sample_(run: Run, tasks: list[Task], seed: int) -> tuple[list[Rollout], dict]:
         mx.random.seed(seed)
         return sample(run.policy.model, run.policy.tokenizer, tasks,
@@ -50,11 +52,11 @@ def mlx_ops() -> Ops:
 
     def reference_(run: Run, rollouts: list[Rollout]) -> list[np.ndarray]:
         with training_fast_paths(run.policy.model):
-            return reference_logprobs(run.policy.model, rollouts, run.cfg)
+            return reference_logprobs(run.policy.model, rollouts, run.cfg, traced)
 
     def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any) -> dict:
         with training_fast_paths(run.policy.model):
-            return update(run, rollouts, adv, ref)
+            return update(run, rollouts, adv, ref, traced)
 
     def save_(run: Run, name: str, extra: dict) -> Path:
         return checkpoint.save_checkpoint(run.run_dir, name, run.policy.model,

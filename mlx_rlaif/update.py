@@ -5,6 +5,12 @@ Gradients of micro-batches are summed; the aggregation weights (batch.py) make t
 whole-batch gradient. A non-finite loss or gradient norm skips the step and is counted. The
 reference log-probs come from the same weights with the LoRA layers bypassed.
 
+The forward + backward of a micro-batch and the reference forward run under `mx.compile`, with
+the model's arrays and MLX's random state as the traced function's implicit inputs and outputs
+(how mlx-lm's trainer compiles its step): MLX fuses their element-wise chains. A trace is made
+per batch shape and kept in `traced` (a dict the caller holds for the run: `ops.mlx_ops`); the KL
+coefficient, which the adaptive controller changes, is an input, not a traced constant.
+
 Not covered: gradient checkpointing, mixed precision beyond what the model's dtype gives.
 """
 
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,8 +41,10 @@ if TYPE_CHECKING:
 
 
 def update(run: Run, rollouts: list[Rollout], adv: np.ndarray,
-           ref: list[np.ndarray] | None) -> dict[str, float]:
-    """`num_iterations` optimizer updates on the kept rollouts, micro-batched."""
+           ref: list[np.ndarray] | None, traced: dict[str, Any] | None = None
+           ) -> dict[str, float]:
+    """`num_iterations` optimizer updates on the kept rollouts, micro-batched. `traced` keeps
+    the compiled gradient function between calls (a fresh one is traced when it is None)."""
     cfg = run.cfg
     if not rollouts:
         return {"optim/skipped": float(run.skipped), "train/tokens": 0.0}
@@ -43,27 +52,67 @@ def update(run: Run, rollouts: list[Rollout], adv: np.ndarray,
     w = batching.aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens)
     mbs = [build(rollouts, rows, adv, w, ref, shared)
            for rows, shared in micro_batches(run.policy.model, rollouts, cfg)]
-    loss_fn = partial(rl_loss, rl=cfg.rl, kl_coef=run.state.kl_coef,
-                      temperature=cfg.generation.temperature)
-    value_and_grad = nn.value_and_grad(run.policy.model, loss_fn)
+    traced = {} if traced is None else traced
+    model = run.policy.model
+    grad = kept(traced, "grad", model, lambda: grad_fn(model, cfg))
+    kl_coef = mx.array(run.state.kl_coef, dtype=mx.float32)
     tic, first, aux = time.perf_counter(), None, {}
     run.policy.model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
     for _ in range(cfg.rl.num_iterations):
         grads, aux = None, {}
         for mb in mbs:
-            (_, a), g = value_and_grad(run.policy.model, mb)
+            (_, a), g = grad(mb, kl_coef)
             grads = g if grads is None else tree_map(mx.add, grads, g)
             aux = a if not aux else {k: aux[k] + a[k] for k in aux}
             mx.eval(grads, aux)
         first = first or aux
-        norm = apply_update(run, grads, aux["loss"])
+        norm = apply_update(run, grads, aux["loss"], traced)
     run.policy.model.train(False)
     seconds = time.perf_counter() - tic
     return update_metrics(aux, first, norm, run, sum(lengths) * cfg.rl.num_iterations, seconds)
 
 
-def apply_update(run: Run, grads: Any, loss: mx.array) -> float:
-    """Clip, check finiteness, step the optimizer. A non-finite loss or gradient is skipped."""
+def grad_fn(model: nn.Module, cfg: Config) -> Callable[..., Any]:
+    """`(mb, kl_coef) -> ((loss, aux), grads)` of `rl_loss` for the model's trainable arrays,
+    compiled."""
+    value_and_grad = nn.value_and_grad(model, partial(rl_loss, rl=cfg.rl,
+                                                      temperature=cfg.generation.temperature))
+    return compiled(lambda mb, kl_coef: value_and_grad(model, mb, kl_coef=kl_coef), model)
+
+
+def reference_fn(model: nn.Module, cfg: Config) -> Callable[[dict], mx.array]:
+    """`mb -> log-probs [N, T]` of the micro-batch's targets, compiled; called only inside
+    `lora_disabled(model)` (the trace is of the model without its adapters)."""
+    def logp(mb: dict[str, mx.array]) -> mx.array:
+        return logprobs_and_entropy(shared_prompt.batch_logits(model, mb), mb["tokens"][:, 1:],
+                                    cfg.generation.temperature)[0]
+    return compiled(logp, model)
+
+
+def optimizer_step(model: nn.Module, optimizer: optim.Optimizer) -> Callable[[Any], None]:
+    """`grads -> None`: the optimizer's update of the model, compiled (its state an implicit
+    input and output too)."""
+    return compiled(lambda grads: optimizer.update(model, grads), model, optimizer.state)
+
+
+def compiled(fn: Callable[..., Any], model: nn.Module, *more: Any) -> Callable[..., Any]:
+    """`fn` under `mx.compile`, reading and writing back the model's arrays, MLX's random
+    state (dropout) and `more` state trees as implicit inputs and outputs."""
+    state = [model.state, mx.random.state, *more]
+    return mx.compile(fn, inputs=state, outputs=state)
+
+
+def kept(traced: dict[str, Any], name: str, owner: Any, make: Callable[[], Any]) -> Any:
+    """`traced[name]`, made by `make()` the first time and again when `owner` (the object it
+    traces, by identity) has changed."""
+    if traced.get(name, (None,))[0] is not owner:
+        traced[name] = (owner, make())
+    return traced[name][1]
+
+
+def apply_update(run: Run, grads: Any, loss: mx.array, traced: dict[str, Any]) -> float:
+    """Clip, check finiteness, step the optimizer (compiled, kept in `traced`). A non-finite
+    loss or gradient is skipped."""
     max_norm = run.cfg.training.max_grad_norm
     if max_norm > 0:
         grads, norm = optim.clip_grad_norm(grads, max_norm)
@@ -73,22 +122,24 @@ def apply_update(run: Run, grads: Any, loss: mx.array) -> float:
     if not (math.isfinite(norm_v) and math.isfinite(loss_v)):
         run.skipped += 1
         return norm_v
-    run.optimizer.update(run.policy.model, grads)
+    kept(traced, "optimizer", run.optimizer.state,  # a restore replaces the state's dict
+         lambda: optimizer_step(run.policy.model, run.optimizer))(grads)
     mx.eval(run.policy.model.trainable_parameters(), run.optimizer.state)
     return norm_v
 
 
-def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
-                       ) -> list[np.ndarray]:
-    """Log-probs of each completion under the frozen base (same weights, LoRA layers bypassed)."""
+def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config,
+                       traced: dict[str, Any] | None = None) -> list[np.ndarray]:
+    """Log-probs of each completion under the frozen base (same weights, LoRA layers bypassed).
+    `traced`: as for `update`."""
     out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rollouts)
     zeros = [0.0] * len(rollouts)
+    logp_fn = kept({} if traced is None else traced, "reference", model,
+                   lambda: reference_fn(model, cfg))
     with lora_disabled(model):
         for rows, shared in micro_batches(model, rollouts, cfg):
             b = build(rollouts, rows, zeros, zeros, None, shared)
-            logp = np.array(logprobs_and_entropy(shared_prompt.batch_logits(model, b),
-                                                 b["tokens"][:, 1:],
-                                                 cfg.generation.temperature)[0])
+            logp = np.array(logp_fn(b))
             for i, j in enumerate(rows):
                 r = rollouts[j]
                 start = 0 if "prefix" in b else len(r.prompt_tokens) - 1

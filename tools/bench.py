@@ -551,18 +551,15 @@ def _leaves(tree: Any) -> list:
 def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     """Forward + backward of our loss on one rollout batch, micro-batched as `update` runs it
     (each prompt computed once for its completions, the CPU kernels and the training threads)."""
-    from functools import partial
 
     import mlx.core as mx
-    import mlx.nn as nn
     import numpy as np
 
     from mlx_rlaif import batch as batching
     from mlx_rlaif.cpu_kernels import training_fast_paths
-    from mlx_rlaif.losses import rl_loss
     from mlx_rlaif.rollout import sample
     from mlx_rlaif.train import _sampling, reference_logprobs
-    from mlx_rlaif.update import build, micro_batches
+    from mlx_rlaif.update import build, grad_fn, micro_batches
 
     cfg, model = run.cfg, run.policy.model
     rollouts, _ = sample(model, run.policy.tokenizer, tasks, _sampling(cfg),
@@ -572,13 +569,11 @@ def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     adv = np.linspace(-1, 1, len(rollouts))
     mbs = [build(rollouts, rows, adv, w, ref, shared)
            for rows, shared in micro_batches(model, rollouts, cfg)]
-    loss_fn = partial(rl_loss, rl=cfg.rl, kl_coef=run.state.kl_coef,
-                      temperature=cfg.generation.temperature)
-    vg = nn.value_and_grad(model, loss_fn)
+    grad, kl_coef = grad_fn(model, cfg), mx.array(run.state.kl_coef)  # compiled, as update runs it
 
     def fwd_bwd() -> None:
         with training_fast_paths(model):
-            mx.eval([vg(model, mb) for mb in mbs])
+            mx.eval([grad(mb, kl_coef) for mb in mbs])
 
     fwd_bwd()
     times = []
@@ -602,8 +597,8 @@ def w_micro(spec: dict) -> dict:
     round-robin: the loss formulation (one pow-based exp pass vs mx.logsumexp + mx.exp, the
     formulation before), padding to 32 vs 8, mx.compile of forward+backward, the shared-prompt
     forward (each prompt once for its group) vs every row in full, 1 vs 2 OpenBLAS threads, exp
-    vs pow over a logits-sized array, cpu_kernels.py's attention softmax and SwiGLU (alone and
-    with the 2 training threads, as `update` runs it), and a rollout with the LoRA adapters fused
+    vs pow over a logits-sized array, cpu_kernels.py's attention softmax and SwiGLU (alone, with
+    the 2 training threads, and compiled with them: as `update` runs it), and a rollout with the LoRA adapters fused
     for decoding vs not, and in mlx-lm's `BatchGenerator` (decode.py's loop vs the one before)."""
     from dataclasses import replace
     from functools import partial
@@ -618,6 +613,7 @@ def w_micro(spec: dict) -> dict:
     from mlx_rlaif.cpu_kernels import fast_cpu_kernels
     from mlx_rlaif.rollout import sample
     from mlx_rlaif.train import _sampling, reference_logprobs
+    from mlx_rlaif.update import grad_fn
 
     ours = Ours(spec)
     run, cfg = ours.run, ours.run.cfg
@@ -633,6 +629,7 @@ def w_micro(spec: dict) -> dict:
                                           temperature=1.0))
     state = [model.state]
     compiled = mx.compile(lambda mb: vg(model, mb), inputs=state, outputs=state)
+    grad, kl = grad_fn(model, cfg), mx.array(0.02)  # compiled as `update` runs it
     x = mx.random.normal((8, 128, 4096)) * 4
     fns = openblas_thread_fns()
     set_threads = fns[1] if fns is not None else None  # OpenBLAS's, where it is loaded
@@ -651,6 +648,11 @@ def w_micro(spec: dict) -> dict:
     def kernels(n: int | None = None) -> Any:
         with fast_cpu_kernels(model):
             return vg(model, shared) if n is None else threads(n, shared)  # graph built here
+
+    def as_update(n: int) -> Any:
+        set_threads(n)
+        with fast_cpu_kernels(model):
+            return grad(shared, kl)
 
     def rollout(fuse_mb: int) -> Any:
         params = replace(_sampling(cfg), fuse_lora_max_mb=fuse_mb)
@@ -678,7 +680,9 @@ def w_micro(spec: dict) -> dict:
     if set_threads is not None:
         cases.update({"fwd_bwd_pad8_openblas_1_thread": lambda: threads(1),
                       "fwd_bwd_pad8_openblas_2_threads": lambda: threads(2),
-                      "fwd_bwd_pad8_shared_prompt_cpu_kernels_2_threads": lambda: kernels(2)})
+                      "fwd_bwd_pad8_shared_prompt_cpu_kernels_2_threads": lambda: kernels(2),
+                      "fwd_bwd_pad8_shared_prompt_cpu_kernels_2_threads_compiled":
+                          lambda: as_update(2)})
     times: dict[str, list[float]] = {k: [] for k in cases}
     for i in range(spec["reps"] + 1):  # round 0 is the warm-up
         for k, f in cases.items():
