@@ -8,9 +8,10 @@ out of the cache (mlx-lm's `filter`), so the width shrinks as rows end.
 
 `picker(temperature, top_p, top_k)` gives the per-step sampler: the token of each row and its
 log-probability at the sampling temperature over the full distribution (before top-p/top-k
-truncation). Plain temperature sampling draws by inverting the cumulative distribution with one
-exponential pass over the vocabulary (`losses.exp`, a power of 2 on MLX's CPU backend); top-p and
-top-k take mlx-lm's sampler; temperature 0 is greedy, with log-probs at temperature 1.
+truncation). Plain temperature sampling draws by inverting the cumulative distribution after one
+exponential pass over the vocabulary, one compiled kernel (on MLX's CPU backend the exponential
+is `cpu_kernels.pow2`, vectorized); top-p and top-k take mlx-lm's sampler; temperature 0 is
+greedy, with log-probs at temperature 1.
 
 Why not mlx-lm's `BatchGenerator`: it takes a `logsumexp` and its sampler a Gumbel draw (three
 vocabulary-sized transcendental passes a step, ~20% of a decode step of a small model on MLX's
@@ -24,12 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.sample_utils import make_sampler
 
+from .cpu_kernels import FLOOR, LOG2E, pow2
 from .losses import exp
 
 Pick = Callable[[mx.array], tuple[mx.array, mx.array]]
@@ -61,23 +64,45 @@ def picker(temperature: float, top_p: float = 1.0, top_k: int = 0) -> Pick:
         return samplers[vocab]
 
     def pick(logits: mx.array) -> tuple[mx.array, mx.array]:
-        z = logits.astype(mx.float32)
-        z = z * scale if scale != 1.0 else z
-        z = z - z.max(axis=-1, keepdims=True)
-        cdf = mx.cumsum(exp(z), axis=-1)
-        total = cdf[:, -1:]
-        if (sampler := truncating(z.shape[-1])) is not None:  # takes log-probs at temperature 1
+        sampler = truncating(logits.shape[-1])
+        if temperature > 0 and sampler is None:  # plain temperature sampling: one kernel
+            u = mx.random.uniform(shape=(logits.shape[0], 1))
+            return (_draw_cpu if mx.default_device() == mx.cpu else _draw)(logits, u, scale)
+        z, cdf = _cdf(logits, scale, exp)
+        if sampler is not None:  # takes log-probs at temperature 1
             tok = sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
-        elif temperature > 0:
-            u = mx.random.uniform(shape=total.shape) * total
-            tok = mx.minimum((cdf <= u).sum(axis=-1), z.shape[-1] - 1)
         else:
             tok = mx.argmax(z, axis=-1)
-        tok = tok.astype(mx.uint32)
-        logp = mx.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - mx.log(total[:, 0])
-        return tok, logp
+        return _with_logp(tok, z, cdf)
 
     return pick
+
+
+def _cdf(logits: mx.array, scale: float, exp: Callable[[mx.array], mx.array]
+         ) -> tuple[mx.array, mx.array]:
+    """(logits * scale minus their max, the running sums of its exponentials) per row."""
+    z = logits.astype(mx.float32)
+    z = z * scale if scale != 1.0 else z
+    z = z - z.max(axis=-1, keepdims=True)
+    return z, mx.cumsum(exp(z), axis=-1)
+
+
+def _with_logp(tok: mx.array, z: mx.array, cdf: mx.array) -> tuple[mx.array, mx.array]:
+    tok = tok.astype(mx.uint32)
+    return tok, mx.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - mx.log(cdf[:, -1])
+
+
+def _inverse_cdf(logits: mx.array, u: mx.array, scale: float,
+                 exp: Callable[[mx.array], mx.array]) -> tuple[mx.array, mx.array]:
+    """The token whose cumulative probability first exceeds u [B, 1] (uniform in [0, 1)), and
+    its log-prob."""
+    z, cdf = _cdf(logits, scale, exp)
+    tok = mx.minimum((cdf <= u * cdf[:, -1:]).sum(axis=-1), z.shape[-1] - 1)
+    return _with_logp(tok, z, cdf)
+
+
+_draw = mx.compile(partial(_inverse_cdf, exp=mx.exp))  # one trace per shape (and scale)
+_draw_cpu = mx.compile(partial(_inverse_cdf, exp=lambda z: pow2(mx.maximum(z * LOG2E, FLOOR))))
 
 
 def merged_cache(caches: list[list[Any]]) -> list[Any]:

@@ -25,9 +25,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import shared_prompt
-
-_LOG2E = 1.4426950408889634
+from . import cpu_kernels, shared_prompt
 
 
 def exp(x: mx.array) -> mx.array:
@@ -35,7 +33,7 @@ def exp(x: mx.array) -> mx.array:
     `cpu_kernels.exp2e`: its floor would keep one more vocabulary-sized array for the backward
     pass, +0.5 GB at the 0.5B shape.)"""
     if mx.default_device() == mx.cpu:
-        return mx.power(2.0, x * _LOG2E)
+        return mx.power(2.0, x * cpu_kernels.LOG2E)
     return mx.exp(x)
 
 
