@@ -1,7 +1,7 @@
 """The update's compiled functions (update.py: `grad_fn`, `reference_fn`, `optimizer_step`)
 against the same computations run eagerly: same loss, gradients, log-probs and optimizer steps;
 the KL coefficient is an input of the trace, not a constant frozen into it; a trace is rebuilt
-when the object it traces changes."""
+when the object it traces changes; micro-batches with large logits run eagerly."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map
 
-from mlx_rlaif import shared_prompt
+from mlx_rlaif import shared_prompt, update
 from mlx_rlaif.backends.mlx import load_policy, lora_disabled, lora_modules
 from mlx_rlaif.batch import aggregation_weights, build_shared
 from mlx_rlaif.config import load as load_config
@@ -109,3 +109,19 @@ def test_kept_traces_again_for_a_new_owner() -> None:
     for owner in (a, a, b, b, a):
         kept(traced, "f", owner, lambda o=owner: made.append(o) or len(made))
     assert made == [a, b, a]
+
+
+@pytest.mark.parametrize(("limit_mb", "traced"), [(64, True), (0, False)])
+def test_large_micro_batches_run_eagerly(micro_model: Path, monkeypatch: pytest.MonkeyPatch,
+                                         limit_mb: int, traced: bool) -> None:
+    calls = []
+
+    def recording(fn, model, *more):  # noqa: ANN001, ANN202  (stands in for update.compiled)
+        return lambda *a: calls.append(1) or fn(*a)
+
+    monkeypatch.setattr(update, "compiled", recording)
+    monkeypatch.setattr(update, "COMPILE_MAX_LOGITS_MB", limit_mb)
+    model = _policy(micro_model)
+    (loss, _), _ = update.grad_fn(model, load_config(None, []))(_batch(), mx.array(0.1))
+    assert np.isfinite(loss.item())
+    assert bool(calls) is traced

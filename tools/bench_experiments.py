@@ -1,6 +1,7 @@
-"""The fifth round's speed experiments on the tiny model (BENCHMARKS.md, "Fifth round"): each
-case an in-process A/B, variants interleaved, medians; run from the repository root after
-`python tools/bench.py` has built `.bench/models/tiny` (and, for `coretype`, the peer's venv).
+"""The fifth and sixth rounds' speed experiments on the tiny model (BENCHMARKS.md, "Fifth round"
+and "Sixth round"): each case an in-process A/B, variants interleaved, medians; run from the
+repository root after `python tools/bench.py` has built `.bench/models/tiny` (and, for
+`coretype`, the peer's venv).
 
     python tools/bench_experiments.py CASE [--rounds N]
 
@@ -10,11 +11,19 @@ Cases:
   compiled-decode  the whole decode step under mx.compile over a fixed-size KV cache vs ours
   fewer-nodes      decode with a compiled RMSNorm and without the custom-VJP wrappers vs ours
   pipeline-depth   decode steps queued ahead: 1 (ours), 2, 3
-  poly-exp         exp as a polynomial + exponent bits (MLX ops) instead of powf, per phase
+  poly-exp         exp as a polynomial + exponent bits (shapeless MLX ops, three kernels) instead
+                   of powf, per phase (fifth round, before `cpu_kernels.pow2`)
   split-head       the decode's vocabulary product split over two CPU streams vs one
   ref-stream       reference pass + forward/backward: host arrays (ours), device arrays, one
                    graph, the reference on a second stream
   coretype         side by side with the peer: this environment's OPENBLAS_* vs autodetected
+
+Sixth round:
+  compiled-update  RL steps: the reference pass and the update eager vs under mx.compile (ours)
+  pow2-kernels     RL steps: SwiGLU and the sampler with mx.power vs cpu_kernels.pow2 (ours)
+  poly-softmax     RL steps: pow2 also for the vocabulary log-softmax, then for the attention
+  train-streams    reference pass / update: two MLX CPU streams at 1 OpenBLAS thread vs one at 2
+  exp-kernels      e**x over [520, 4096]: mx.exp, mx.power, compiled pow2; errors and ms
 
 Not covered: these are experiments, not the benchmark (tools/bench.py); most variants here
 monkeypatch the package and were not adopted.
@@ -456,10 +465,216 @@ def coretype(rounds: int) -> None:
         print(f"{k}: ratio {ratio:.2f}x, ours {ours:.3f} s, peer {peer:.3f} s")
 
 
+# --- sixth round ----------------------------------------------------------------------------------
+
+
+def _steps(variants: dict[str, tuple[Callable[[], Any], Callable[[], Any]]], rounds: int) -> None:
+    """RL steps (sample, reference pass, update) of the tiny model, alternating between the
+    variants (the order alternating too), each with its own compiled traces; medians per phase.
+    A variant is (context for the sampling, context for the reference pass and the update)."""
+    import numpy as np
+
+    from mlx_rlaif import update as U
+    from mlx_rlaif.cpu_kernels import training_fast_paths
+
+    ours = ours_run()
+    run, names = ours.run, list(variants)
+    model, cfg = run.policy.model, run.cfg
+    adv = np.linspace(-1, 1, 8).astype(np.float32)
+    traced: dict[str, dict] = {k: {} for k in names}
+    times: dict[str, dict[str, list]] = {k: {"sample": [], "reference": [], "update": []}
+                                         for k in names}
+    for i in range(2 * rounds + 2):  # the first two (one each) are warm-ups
+        name = names[(i + i // 2) % 2]
+        sample_ctx, train_ctx = variants[name]
+        t0 = time.perf_counter()
+        with sample_ctx():
+            rollouts, _ = run.ops.sample(run, ours.tasks, i)
+        t1 = time.perf_counter()
+        with train_ctx(), training_fast_paths(model):
+            ref = U.reference_logprobs(model, rollouts, cfg, traced[name])
+            t2 = time.perf_counter()
+            U.update(run, rollouts, adv, ref, traced[name])
+        t3 = time.perf_counter()
+        if i >= 2:
+            for k, v in zip(times[name], (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                times[name][k].append(v)
+    for name, d in times.items():
+        ms = {k: round(st.median(v) * 1000, 1) for k, v in d.items()}
+        print(f"{name}: {ms}, step {round(sum(ms.values()), 1)}")
+
+
+def _patched(module: Any, **attrs: Any) -> Callable[[], Any]:
+    """A context factory: `module`'s attributes replaced within the block."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx() -> Any:
+        old = {k: getattr(module, k) for k in attrs}
+        for k, v in attrs.items():
+            setattr(module, k, v)
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                setattr(module, k, v)
+    return ctx
+
+
+def compiled_update(rounds: int) -> None:
+    import contextlib
+
+    from mlx_rlaif import update
+
+    none = contextlib.nullcontext
+    eager = _patched(update, compiled=lambda fn, model, *more: fn)
+    _steps({"eager": (none, eager), "compiled (ours)": (none, none)}, rounds)
+
+
+def _powf_kernels() -> tuple[Any, Any, Any]:
+    """SwiGLU (forward, backward) and the sampler as they were before `pow2`: `mx.power`."""
+    import mlx.core as mx
+
+    from mlx_rlaif import cpu_kernels as ck
+    from mlx_rlaif import decode, losses
+
+    def sigmoid(x: Any) -> Any:
+        return 1.0 / (1.0 + mx.power(2.0, mx.clip(x * -ck.LOG2E, ck.FLOOR, 126.0)))
+
+    @partial(mx.compile, shapeless=True)
+    def swiglu(g: Any, x: Any) -> Any:
+        return g * sigmoid(g) * x
+
+    @partial(mx.compile, shapeless=True)
+    def swiglu_vjp(g: Any, x: Any, c: Any) -> tuple[Any, Any]:
+        s = sigmoid(g)
+        silu = g * s
+        return c * x * (s + silu * (1.0 - s)), c * silu
+
+    return swiglu, swiglu_vjp, partial(decode._inverse_cdf, exp=losses.exp)
+
+
+def pow2_kernels(rounds: int) -> None:
+    import contextlib
+
+    from mlx_rlaif import cpu_kernels as ck
+    from mlx_rlaif import decode
+
+    none = contextlib.nullcontext
+    swiglu, swiglu_vjp, draw = _powf_kernels()
+    old_kernels = _patched(ck, _swiglu=swiglu, _swiglu_vjp=swiglu_vjp)
+    _steps({"mx.power": (_patched(decode, _draw_cpu=draw), old_kernels),
+            "pow2 (ours)": (none, none)}, rounds)
+
+
+def poly_softmax(rounds: int) -> None:
+    """The vocabulary log-softmax's and the attention's exponentials as compiled `pow2` too,
+    in the reference pass and the update (the attention keeps mx.power while decoding)."""
+    import contextlib
+
+    import mlx.core as mx
+
+    from mlx_rlaif import cpu_kernels as ck
+    from mlx_rlaif import losses
+
+    exp2e = mx.compile(lambda x: ck.pow2(mx.maximum(x * ck.LOG2E, ck.FLOOR)))
+
+    @mx.custom_function
+    def exp(x: Any) -> Any:
+        return exp2e(x)
+
+    @exp.vjp
+    def _exp_vjp(primals: Any, cotangent: Any, output: Any) -> Any:
+        return cotangent * output
+
+    none = contextlib.nullcontext
+    which = {"vocabulary": _patched(losses, exp=exp), "attention": _patched(ck, exp2e=exp2e)}
+    for name, ctx in which.items():
+        _steps({"mx.power (ours)": (none, none), f"pow2 for the {name}": (none, ctx)}, rounds)
+
+
+def train_streams(rounds: int) -> None:
+    """The reference pass and the update's forward + backward with the batch's two prompt
+    groups on two MLX CPU streams (one OpenBLAS thread each) vs one stream (two threads)."""
+    from dataclasses import replace
+
+    import mlx.core as mx
+    import numpy as np
+    from mlx.utils import tree_map
+
+    from mlx_rlaif import batch as batching
+    from mlx_rlaif import blas
+    from mlx_rlaif.backends.mlx import lora_disabled
+    from mlx_rlaif.cpu_kernels import training_fast_paths
+    from mlx_rlaif.update import build, grad_fn, micro_batches, reference_fn, reference_logprobs
+
+    ours = ours_run()
+    run, cfg, model = ours.run, ours.run.cfg, ours.run.policy.model
+    rollouts, _ = run.ops.sample(run, ours.tasks, 0)
+    w = batching.aggregation_weights([len(r.tokens) for r in rollouts], "token", 0)
+    adv, kl = np.linspace(-1, 1, len(rollouts)), mx.array(0.02)
+    with training_fast_paths(model):
+        ref = reference_logprobs(model, rollouts, cfg)
+    halves = replace(cfg, training=replace(cfg.training, micro_batch_size=4))
+    one = [build(rollouts, r, adv, w, ref, s) for r, s in micro_batches(model, rollouts, cfg)]
+    two = [build(rollouts, r, adv, w, ref, s) for r, s in micro_batches(model, rollouts, halves)]
+    grad, logp = grad_fn(model, cfg), reference_fn(model, cfg)
+    streams = [mx.default_stream(mx.cpu), mx.new_stream(mx.cpu)]
+
+    def update(mbs: list, n: int) -> Callable[[], None]:
+        def go() -> None:
+            outs = []
+            with blas.blas_threads(n):
+                for mb, s in zip(mbs, streams, strict=False):  # one batch: one stream
+                    with mx.stream(s):
+                        outs.append(grad(mb, kl))
+                mx.eval(outs[0] if len(outs) == 1 else tree_map(mx.add, outs[0], outs[1]))
+        return go
+
+    def reference(mbs: list, n: int) -> Callable[[], None]:
+        def go() -> None:
+            with blas.blas_threads(n), lora_disabled(model):
+                outs = []
+                for mb, s in zip(mbs, streams, strict=False):  # one batch: one stream
+                    with mx.stream(s):
+                        outs.append(logp(mb))
+                mx.eval(outs)
+        return go
+
+    with training_fast_paths(model):
+        interleave({"update, one stream, 2 threads (ours)": update(one, 2),
+                    "update, two streams, 1 thread each": update(two, 1),
+                    "reference, one stream, 2 threads (ours)": reference(one, 2),
+                    "reference, two streams, 1 thread each": reference(two, 1)}, rounds)
+
+
+def exp_kernels(rounds: int) -> None:
+    """e**x over a [520, 4096] array (the update's vocabulary log-softmax): MLX's exp, its power
+    (our kernels before `pow2`), and `cpu_kernels.pow2` compiled, with their largest relative
+    error against float64 over the normal float range."""
+    import mlx.core as mx
+    import numpy as np
+
+    from mlx_rlaif import cpu_kernels as ck
+
+    x = mx.random.normal((520, 4096)) * 4 - 8
+    mx.eval(x)
+    fns = {"mx.exp": mx.exp,
+           "mx.power(2, x log2 e)": mx.compile(lambda a: mx.power(2.0, a * ck.LOG2E)),
+           "pow2 (compiled)": mx.compile(lambda a: ck.pow2(mx.maximum(a * ck.LOG2E, ck.FLOOR)))}
+    want = np.exp(np.array(x, dtype=np.float64))
+    for k, f in fns.items():
+        got = np.array(f(x), dtype=np.float64)
+        print(f"{k}: max relative error {np.max(np.abs(got - want) / want):.2e}")
+    interleave({k: (lambda f=f: mx.eval(f(x))) for k, f in fns.items()}, rounds)
+
+
 CASES = {"decode-threads": decode_threads, "decode-width": decode_width,
          "compiled-decode": compiled_decode, "fewer-nodes": fewer_nodes,
          "pipeline-depth": pipeline_depth, "poly-exp": poly_exp, "split-head": split_head,
-         "ref-stream": ref_stream, "coretype": coretype}
+         "ref-stream": ref_stream, "coretype": coretype, "compiled-update": compiled_update,
+         "pow2-kernels": pow2_kernels, "poly-softmax": poly_softmax,
+         "train-streams": train_streams, "exp-kernels": exp_kernels}
 
 
 def main() -> int:
