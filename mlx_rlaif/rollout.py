@@ -3,8 +3,9 @@
 The live LoRA weights decode (no sync step; small unquantized models with the adapters fused into
 a temporary copy, `backends.mlx.lora_fused`) in `decode.decode`'s batched loop. Each prompt is
 prefilled once (`prefill_once`): its KV cache, holding all but the last prompt token, is given to
-the G members of its group, and mlx-lm's `merge` copies it into the batch cache, so no group
-member recomputes it. The sampler's log-probability of each sampled token is kept, at the
+the G members of its group, so no group member recomputes it. The P prompts are prefilled in one
+forward, left-padded, into mlx-lm's `BatchKVCache`, whose rows are then repeated for the groups
+(models with other caches, sliding windows for instance, prefill each prompt and `merge`). The sampler's log-probability of each sampled token is kept, at the
 sampling temperature over the full distribution (before top-p/top-k truncation), so the PPO ratio
 against it is real and extra PPO iterations need no extra forward. `completion_batch_size` splits
 the rows into batches decoded one after the other.
@@ -22,8 +23,9 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
+from . import shared_prompt
 from .backends.mlx import lora_fused
 from .batch import chunks
 from .cpu_kernels import decode_rope, fast_cpu_kernels
@@ -76,6 +78,31 @@ def _prefill(model: nn.Module, prompt: list[int]) -> list[Any]:
     return cache
 
 
+def _prefill_batch(model: nn.Module, prompts: Sequence[list[int]]) -> list[BatchKVCache]:
+    """One batch cache per layer holding all but the last token of each prompt, from one
+    forward of the prompts left-padded to a common length (mlx-lm's `BatchKVCache`, which
+    masks the padding and starts each row's positions at its first real token)."""
+    heads = [list(p[:-1]) for p in prompts]
+    width = max(len(h) for h in heads)
+    pad = [width - len(h) for h in heads]
+    cache = [BatchKVCache(pad) for _ in model.layers]
+    if width:
+        model(mx.array([[0] * k + h for k, h in zip(pad, heads, strict=True)]), cache=cache)
+        mx.eval([c.state[:4] for c in cache])
+    return cache
+
+
+def _rows(cache: list[BatchKVCache], rows: list[int]) -> list[BatchKVCache]:
+    """A copy of a batch cache with the given rows (repeats allowed): the decoding batch."""
+    out = []
+    for c in cache:
+        new = BatchKVCache([0] * len(rows))
+        new.state = c.state
+        new.filter(mx.array(rows))
+        out.append(new)
+    return out
+
+
 def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
              params: SamplingParams, eos_ids: Sequence[int]) -> tuple[list[dict], dict]:
     """Sample `group_size` completions per prompt. Returns per-sequence dicts (prompt-major order,
@@ -86,15 +113,19 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
     tic = time.perf_counter()
     with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model), \
             decode_rope(model):
-        if params.prefill_once:
+        batched = params.prefill_once and shared_prompt.supported(model)  # plain KV caches
+        if batched:
+            prefilled = _prefill_batch(model, prompts_P)
+        elif params.prefill_once:
             caches = [_prefill(model, p) for p in prompts_P]
             row_caches = [caches[p] for p in prompt_of]
         else:
             row_caches = [_prefill(model, prompts_P[p]) for p in prompt_of]
         parts = []
         for rows in chunks(n, params.completion_batch_size):
-            parts.append(decode(model, merged_cache(row_caches[rows]),
-                                [prompts_P[p][-1] for p in prompt_of[rows]],
+            cache = _rows(prefilled, prompt_of[rows]) if batched \
+                else merged_cache(row_caches[rows])
+            parts.append(decode(model, cache, [prompts_P[p][-1] for p in prompt_of[rows]],
                                 params.max_new_tokens, pick, set(eos_ids)))
     seconds = time.perf_counter() - tic
     seqs = [{"tokens": t, "logprobs": lp, "finish_reason": f} for d in parts

@@ -1,6 +1,7 @@
 """The decode loop (decode.py): the inverse-CDF sampler draws from softmax(logits / T) and reports
 its log-probs, greedy and top-k go as documented, rows stop at EOS and leave the batch cache, and
-prefilled groups decode as the plain forward of each whole row would."""
+prefilled groups decode as the plain forward of each whole row would, batched prefills as
+per-prompt ones."""
 
 from __future__ import annotations
 
@@ -100,3 +101,21 @@ def test_prefilled_groups_match_the_full_forward(micro_model: Path, tmp_path: Pa
         n = len(prompts[i // 2])
         np.testing.assert_allclose(np.array(logp)[0, n - 1:], s["logprobs"],
                                    atol=2e-4 if dtype == "float32" else 2e-3)
+
+
+@pytest.mark.parametrize("prompts", [[[5], [7]], [[5], [7, 8, 9, 10]], [[3, 4, 5], [6, 7]]])
+def test_batched_prefill_decodes_as_per_prompt_prefills(micro_model: Path,
+                                                        prompts: list[list[int]]) -> None:
+    """The prompts' one left-padded prefill (1-token prompts: nothing to prefill) gives the
+    tokens and log-probs of prefilling each prompt on its own and merging the caches."""
+    policy = load_policy(str(micro_model))
+    out = {}
+    for once in (True, False):  # prefill_once=False: each row prefilled on its own, merged
+        mx.random.seed(1)
+        seqs, _ = generate(policy.model, prompts, 2,
+                           SamplingParams(temperature=1.0, max_new_tokens=6, prefill_once=once),
+                           eos_ids=[])
+        out[once] = seqs
+    for a, b in zip(out[True], out[False], strict=True):
+        assert a["tokens"] == b["tokens"]
+        np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-5)

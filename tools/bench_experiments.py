@@ -24,6 +24,7 @@ Sixth round:
   poly-softmax     RL steps: pow2 also for the vocabulary log-softmax, then for the attention
   train-streams    reference pass / update: two MLX CPU streams at 1 OpenBLAS thread vs one at 2
   exp-kernels      e**x over [520, 4096]: mx.exp, mx.power, compiled pow2; errors and ms
+  prefill          rollouts: the prompts prefilled in one batch vs each on its own (2 and 8)
 
 Not covered: these are experiments, not the benchmark (tools/bench.py); most variants here
 monkeypatch the package and were not adopted.
@@ -669,12 +670,40 @@ def exp_kernels(rounds: int) -> None:
     interleave({k: (lambda f=f: mx.eval(f(x))) for k, f in fns.items()}, rounds)
 
 
+def prefill(rounds: int) -> None:
+    """Rollouts with the prompts prefilled in one left-padded forward (ours) vs each on its own
+    and merged, at the benchmark's 2 prompts x 4 and at 8 prompts (21-45 tokens) x 1."""
+    import random
+
+    from mlx_rlaif import rollout, shared_prompt
+
+    model, _, prompts, eos = tiny()
+    random.seed(0)
+    eight = [p[:random.randint(20, len(p))] if i else p for i, p in enumerate(prompts * 4)]
+    real = shared_prompt.supported
+
+    def per_prompt(f: Callable[[], Any]) -> Callable[[], None]:
+        def go() -> None:
+            rollout.shared_prompt.supported = lambda m: False
+            try:
+                f()
+            finally:
+                rollout.shared_prompt.supported = real
+        return go
+
+    for name, f in (("2 x 4", rollout_fn(model, prompts, eos)),
+                    ("8 x 1", rollout_fn(model, eight, eos, G=1))):
+        print(name)
+        interleave({"one prefill (ours)": f, "per-prompt prefills + merge": per_prompt(f)},
+                   rounds)
+
+
 CASES = {"decode-threads": decode_threads, "decode-width": decode_width,
          "compiled-decode": compiled_decode, "fewer-nodes": fewer_nodes,
          "pipeline-depth": pipeline_depth, "poly-exp": poly_exp, "split-head": split_head,
          "ref-stream": ref_stream, "coretype": coretype, "compiled-update": compiled_update,
          "pow2-kernels": pow2_kernels, "poly-softmax": poly_softmax,
-         "train-streams": train_streams, "exp-kernels": exp_kernels}
+         "train-streams": train_streams, "exp-kernels": exp_kernels, "prefill": prefill}
 
 
 def main() -> int:
