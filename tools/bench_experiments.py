@@ -20,7 +20,8 @@ Cases:
 
 Sixth round:
   compiled-update  RL steps: the reference pass and the update eager vs under mx.compile (ours)
-  pow2-kernels     RL steps: SwiGLU and the sampler with mx.power vs cpu_kernels.pow2 (ours)
+  pow2-kernels     RL steps, then rollouts alone: SwiGLU and the sampler with mx.power vs
+                   cpu_kernels.pow2 (ours)
   poly-softmax     RL steps: pow2 also for the vocabulary log-softmax, then for the attention
   train-streams    reference pass / update: two MLX CPU streams at 1 OpenBLAS thread vs one at 2
   exp-kernels      e**x over [520, 4096]: mx.exp, mx.power, compiled pow2; errors and ms
@@ -564,8 +565,27 @@ def pow2_kernels(rounds: int) -> None:
     none = contextlib.nullcontext
     swiglu, swiglu_vjp, draw = _powf_kernels()
     old_kernels = _patched(ck, _swiglu=swiglu, _swiglu_vjp=swiglu_vjp)
-    _steps({"mx.power": (_patched(decode, _draw_cpu=draw), old_kernels),
-            "pow2 (ours)": (none, none)}, rounds)
+    old_sampler = _patched(decode, _draw_cpu=draw)
+
+    @contextlib.contextmanager
+    def old_decoding() -> Any:
+        with old_kernels(), old_sampler():
+            yield
+
+    _steps({"mx.power": (old_decoding, old_kernels), "pow2 (ours)": (none, none)}, rounds)
+    print("decoding alone (rollouts):")
+    model, _, prompts, eos = tiny()
+    f = rollout_fn(model, prompts, eos)
+
+    def within(ctx: Callable[[], Any]) -> Callable[[], None]:
+        def go() -> None:
+            with ctx():
+                f()
+        return go
+
+    interleave({"pow2 (ours)": f, "mx.power, SwiGLU only": within(old_kernels),
+                "mx.power, sampler only": within(old_sampler),
+                "mx.power": within(old_decoding)}, rounds)
 
 
 def poly_softmax(rounds: int) -> None:
