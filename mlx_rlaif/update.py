@@ -5,23 +5,27 @@ Gradients of micro-batches are summed; the aggregation weights (batch.py) make t
 whole-batch gradient. A non-finite loss or gradient norm skips the step and is counted. The
 reference log-probs come from the same weights with the LoRA layers bypassed.
 
-The forward + backward of a micro-batch, the reference forward and the optimizer step run under
-`mx.compile`, with the model's arrays and MLX's random state as the traced function's implicit
-inputs and outputs (how mlx-lm's trainer compiles its step): MLX fuses their element-wise chains
-(the tiny model's update 15% faster). A trace is made per batch shape and kept in `traced` (a
-dict the caller holds for the run: `ops.mlx_ops`); the KL coefficient, which the adaptive
-controller changes, is an input, not a traced constant. Micro-batches whose logits exceed
-`COMPILE_MAX_LOGITS_MB` run eagerly: there the compiled graph kept two more vocabulary-sized
-arrays (Qwen2.5-0.5B shape, 8 x 65 positions: peak 4.45 -> 5.09 GB) and was not faster.
+The forward + backward of a micro-batch and the optimizer step run under `mx.compile`, with the
+model's arrays and MLX's random state as the traced function's implicit inputs and outputs (how
+mlx-lm's trainer compiles its step): MLX fuses their element-wise chains (the tiny model's update
+10-15% faster). A trace is made per batch shape and kept in `traced` (a dict the caller holds
+for the run: `ops.mlx_ops`); the KL coefficient, which the adaptive controller changes, is an
+input, not a traced constant. Micro-batches whose logits exceed `COMPILE_MAX_LOGITS_MB` run
+eagerly: there the compiled graph kept two more vocabulary-sized arrays (Qwen2.5-0.5B shape,
+8 x 65 positions: peak 4.45 -> 5.1 GB) and was not faster. The reference pass is not compiled
+(no gain measured); on the CPU it spreads over two streams (`reference_logprobs`).
 
 Not covered: gradient checkpointing, mixed precision beyond what the model's dtype gives.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,8 +37,9 @@ import numpy as np
 from mlx.utils import tree_map
 
 from . import batch as batching
-from . import checkpoint, shared_prompt
+from . import checkpoint, cpu_kernels, shared_prompt
 from .backends.mlx import Policy, lora_disabled
+from .blas import blas_threads, openblas_thread_fns
 from .config import Config
 from .losses import logprobs_and_entropy, rl_loss
 from .records import Rollout
@@ -87,12 +92,12 @@ def grad_fn(model: nn.Module, cfg: Config) -> Callable[..., Any]:
 
 
 def reference_fn(model: nn.Module, cfg: Config) -> Callable[[dict], mx.array]:
-    """`mb -> log-probs [N, T]` of the micro-batch's targets, compiled as `grad_fn`; called only
-    inside `lora_disabled(model)` (the trace is of the model without its adapters)."""
+    """`mb -> log-probs [N, T]` of the micro-batch's targets (not compiled: a trace keeps the
+    stream it was made on, and the reference pass spreads its micro-batches over streams)."""
     def logp(mb: dict[str, mx.array]) -> mx.array:
         return logprobs_and_entropy(shared_prompt.batch_logits(model, mb), mb["tokens"][:, 1:],
                                     cfg.generation.temperature)[0]
-    return small_compiled(logp, model)
+    return logp
 
 
 def small_compiled(fn: Callable[..., Any], model: nn.Module) -> Callable[..., Any]:
@@ -150,20 +155,63 @@ def apply_update(run: Run, grads: Any, loss: mx.array, traced: dict[str, Any]) -
 def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config,
                        traced: dict[str, Any] | None = None) -> list[np.ndarray]:
     """Log-probs of each completion under the frozen base (same weights, LoRA layers bypassed).
-    `traced`: as for `update`."""
+    `traced`: as for `update`.
+
+    On MLX's CPU backend with OpenBLAS and 2+ cores, a whole-batch pass (micro_batch_size 0) is
+    split into two halves along prompt groups, each on its own CPU stream with one OpenBLAS
+    thread: the element-wise work, single-threaded on a stream, then runs on both cores (20%
+    faster on the tiny model: BENCHMARKS.md)."""
     out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rollouts)
     zeros = [0.0] * len(rollouts)
     logp_fn = kept({} if traced is None else traced, "reference", model,
                    lambda: reference_fn(model, cfg))
-    with lora_disabled(model):
-        for rows, shared in micro_batches(model, rollouts, cfg):
-            b = build(rollouts, rows, zeros, zeros, None, shared)
-            logp = np.array(logp_fn(b))
-            for i, j in enumerate(rows):
-                r = rollouts[j]
-                start = 0 if "prefix" in b else len(r.prompt_tokens) - 1
-                out[j] = logp[i, start: start + len(r.tokens)]
+    batches = micro_batches(model, rollouts, cfg)
+    streams = reference_streams(cfg, len(rollouts))
+    if len(streams) > 1 and len(batches) == 1:
+        batches = halves(rollouts, batches[0])
+    waves = [batches[i: i + len(streams)] for i in range(0, len(batches), len(streams))]
+    with lora_disabled(model), blas_threads(1) if len(streams) > 1 else nullcontext():
+        for wave in waves:  # one micro-batch per stream at a time
+            built = [build(rollouts, rows, zeros, zeros, None, shared) for rows, shared in wave]
+            logps = []
+            for b, stream in zip(built, streams, strict=False):
+                with mx.stream(stream):
+                    logps.append(logp_fn(b))
+            mx.eval(logps)
+            for (rows, _), b, logp in zip(wave, built, map(np.array, logps), strict=True):
+                for i, j in enumerate(rows):
+                    r = rollouts[j]
+                    start = 0 if "prefix" in b else len(r.prompt_tokens) - 1
+                    out[j] = logp[i, start: start + len(r.tokens)]
     return out
+
+
+def reference_streams(cfg: Config, rows: int) -> list[Any]:
+    """The streams the reference pass spreads over: two CPU streams on MLX's CPU backend with
+    OpenBLAS's thread control, 2+ cores, 2+ rows and micro_batch_size 0 (else the memory of
+    two micro-batches at once could exceed the one the user set), else the default stream."""
+    if (cfg.training.micro_batch_size or rows < 2 or (os.cpu_count() or 1) < 2
+            or not cpu_kernels.enabled() or openblas_thread_fns() is None):
+        return [mx.default_stream(mx.default_device())]
+    return _cpu_streams()
+
+
+@functools.cache
+def _cpu_streams() -> list[Any]:
+    return [mx.default_stream(mx.cpu), mx.new_stream(mx.cpu)]
+
+
+def halves(rollouts: list[Rollout], batch: tuple[list[int], bool]) -> list[tuple[list[int], bool]]:
+    """A micro-batch split in two, at the prompt-group boundary nearest its middle (rows)."""
+    rows, shared = batch
+    groups = batching.prompt_groups([rollouts[i] for i in rows])
+    cut, best = 0, len(rows)
+    for k in range(1, len(groups)):
+        left = sum(len(g) for g in groups[:k])
+        if abs(2 * left - len(rows)) < best:
+            cut, best = left, abs(2 * left - len(rows))
+    cut = cut or len(rows) // 2  # one group: its rows in two (its prompt computed twice)
+    return [(rows[:cut], shared), (rows[cut:], shared)]
 
 
 def micro_batches(model: nn.Module, rollouts: list[Rollout], cfg: Config

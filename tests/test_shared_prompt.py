@@ -15,6 +15,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import RotatingKVCache
 
 from mlx_rlaif import checkpoint, shared_prompt
+from mlx_rlaif import update as update_module
 from mlx_rlaif.backends.mlx import load_policy, lora_disabled, lora_modules
 from mlx_rlaif.batch import aggregation_weights, build, build_shared, prompt_groups
 from mlx_rlaif.config import load as load_config
@@ -148,3 +149,27 @@ class _Rotating(nn.Module):
 def test_supported_only_with_plain_kv_caches(micro_model: Path) -> None:
     assert shared_prompt.supported(load_policy(str(micro_model)).model)
     assert not shared_prompt.supported(_Rotating())
+
+
+def test_reference_on_two_streams_equals_one_stream(micro_model: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = load_policy(str(micro_model))
+    _perturb(policy.model)
+    rollouts, cfg = _rollouts(), load_config(None, [])
+    out = {}
+    for n in (1, 2):
+        monkeypatch.setattr(update_module, "reference_streams",
+                            lambda cfg, rows, n=n: update_module._cpu_streams()[:n])
+        out[n] = reference_logprobs(policy.model, rollouts, cfg)
+    for a, b, r in zip(out[1], out[2], rollouts, strict=True):
+        assert a.shape == b.shape == (len(r.tokens),)
+        np.testing.assert_allclose(a, b, atol=2e-6)
+
+
+def test_halves_split_at_the_group_boundary_nearest_the_middle() -> None:
+    rollouts = _rollouts()  # groups [0, 3, 6], [1, 4], [2, 5]
+    order = [0, 3, 6, 1, 4, 2, 5]
+    assert update_module.halves(rollouts, (order, True)) == [([0, 3, 6], True),
+                                                             ([1, 4, 2, 5], True)]
+    one = [0, 3, 6]  # a single group: split by rows
+    assert update_module.halves(rollouts, (one, True)) == [([0], True), ([3, 6], True)]

@@ -19,11 +19,12 @@ Cases:
   coretype         side by side with the peer: this environment's OPENBLAS_* vs autodetected
 
 Sixth round:
-  compiled-update  RL steps: the reference pass and the update eager vs under mx.compile (ours)
+  compiled-update  RL steps: the update eager vs under mx.compile (ours)
   pow2-kernels     RL steps, then rollouts alone: SwiGLU and the sampler with mx.power vs
                    cpu_kernels.pow2 (ours)
   poly-softmax     RL steps: pow2 also for the vocabulary log-softmax, then for the attention
-  train-streams    reference pass / update: two MLX CPU streams at 1 OpenBLAS thread vs one at 2
+  train-streams    reference pass (ours: two streams) / update (ours: one): two MLX CPU streams
+                   at 1 OpenBLAS thread each vs one at 2
   exp-kernels      e**x over [520, 4096]: mx.exp, mx.power, compiled pow2; errors and ms
   prefill          rollouts: the prompts prefilled in one batch vs each on its own (2 and 8)
 
@@ -615,8 +616,9 @@ def poly_softmax(rounds: int) -> None:
 
 
 def train_streams(rounds: int) -> None:
-    """The reference pass and the update's forward + backward with the batch's two prompt
-    groups on two MLX CPU streams (one OpenBLAS thread each) vs one stream (two threads)."""
+    """The reference pass (update.reference_logprobs) and the update's forward + backward with
+    the batch's two prompt groups on two MLX CPU streams (one OpenBLAS thread each) vs one
+    stream (two threads)."""
     from dataclasses import replace
 
     import mlx.core as mx
@@ -625,9 +627,9 @@ def train_streams(rounds: int) -> None:
 
     from mlx_rlaif import batch as batching
     from mlx_rlaif import blas
-    from mlx_rlaif.backends.mlx import lora_disabled
+    from mlx_rlaif import update as U
     from mlx_rlaif.cpu_kernels import training_fast_paths
-    from mlx_rlaif.update import build, grad_fn, micro_batches, reference_fn, reference_logprobs
+    from mlx_rlaif.update import build, grad_fn, micro_batches, reference_logprobs
 
     ours = ours_run()
     run, cfg, model = ours.run, ours.run.cfg, ours.run.policy.model
@@ -639,8 +641,7 @@ def train_streams(rounds: int) -> None:
     halves = replace(cfg, training=replace(cfg.training, micro_batch_size=4))
     one = [build(rollouts, r, adv, w, ref, s) for r, s in micro_batches(model, rollouts, cfg)]
     two = [build(rollouts, r, adv, w, ref, s) for r, s in micro_batches(model, rollouts, halves)]
-    grad, logp = grad_fn(model, cfg), reference_fn(model, cfg)
-    streams = [mx.default_stream(mx.cpu), mx.new_stream(mx.cpu)]
+    grad, streams = grad_fn(model, cfg), U._cpu_streams()
 
     def update(mbs: list, n: int) -> Callable[[], None]:
         def go() -> None:
@@ -652,21 +653,20 @@ def train_streams(rounds: int) -> None:
                 mx.eval(outs[0] if len(outs) == 1 else tree_map(mx.add, outs[0], outs[1]))
         return go
 
-    def reference(mbs: list, n: int) -> Callable[[], None]:
+    def reference(n: int) -> Callable[[], None]:  # update.reference_logprobs on n streams
         def go() -> None:
-            with blas.blas_threads(n), lora_disabled(model):
-                outs = []
-                for mb, s in zip(mbs, streams, strict=False):  # one batch: one stream
-                    with mx.stream(s):
-                        outs.append(logp(mb))
-                mx.eval(outs)
+            U.reference_streams, real = (lambda cfg, rows: streams[:n]), U.reference_streams
+            try:
+                reference_logprobs(model, rollouts, cfg)
+            finally:
+                U.reference_streams = real
         return go
 
     with training_fast_paths(model):
         interleave({"update, one stream, 2 threads (ours)": update(one, 2),
                     "update, two streams, 1 thread each": update(two, 1),
-                    "reference, one stream, 2 threads (ours)": reference(one, 2),
-                    "reference, two streams, 1 thread each": reference(two, 1)}, rounds)
+                    "reference, one stream, 2 threads": reference(1),
+                    "reference, two streams, 1 thread each (ours)": reference(2)}, rounds)
 
 
 def exp_kernels(rounds: int) -> None:
