@@ -42,7 +42,7 @@ class Ops:
 
 
 def mlx_ops() -> Ops:
-    traced: dict[str, Any] = {}  # the run's compiled gradient and reference functions (update.py)
+    traced: dict[str, Any] = {}  # the run's compiled gradient and optimizer step (update.py)
 
     def sample_(run: Run, tasks: list[Task], seed: int) -> tuple[list[Rollout], dict]:
         mx.random.seed(seed)
@@ -52,7 +52,7 @@ def mlx_ops() -> Ops:
 
     def reference_(run: Run, rollouts: list[Rollout]) -> list[np.ndarray]:
         with training_fast_paths(run.policy.model):
-            return reference_logprobs(run.policy.model, rollouts, run.cfg, traced)
+            return reference_logprobs(run.policy.model, rollouts, run.cfg)
 
     def update_(run: Run, rollouts: list[Rollout], adv: np.ndarray, ref: Any) -> dict:
         with training_fast_paths(run.policy.model):

@@ -5,9 +5,10 @@ a temporary copy, `backends.mlx.lora_fused`) in `decode.decode`'s batched loop. 
 prefilled once (`prefill_once`): its KV cache, holding all but the last prompt token, is given to
 the G members of its group, so no group member recomputes it. The P prompts are prefilled in one
 forward, left-padded, into mlx-lm's `BatchKVCache`, whose rows are then repeated for the groups
-(models with other caches, sliding windows for instance, prefill each prompt and `merge`). The sampler's log-probability of each sampled token is kept, at the
-sampling temperature over the full distribution (before top-p/top-k truncation), so the PPO ratio
-against it is real and extra PPO iterations need no extra forward. `completion_batch_size` splits
+(models with other caches, sliding windows for instance, prefill each prompt and `merge`). The
+sampler's log-probability of each sampled token is kept, at the sampling temperature over the
+full distribution (before top-p/top-k truncation), so the PPO ratio against it is real and
+extra PPO iterations need no extra forward. `completion_batch_size` splits
 the rows into batches decoded one after the other.
 
 Not covered: stop strings (only EOS token ids stop), speculative decoding, prompts longer than the

@@ -12,8 +12,8 @@ mlx-lm's trainer compiles its step): MLX fuses their element-wise chains (the ti
 for the run: `ops.mlx_ops`); the KL coefficient, which the adaptive controller changes, is an
 input, not a traced constant. Micro-batches whose logits exceed `COMPILE_MAX_LOGITS_MB` run
 eagerly: there the compiled graph kept two more vocabulary-sized arrays (Qwen2.5-0.5B shape,
-8 x 65 positions: peak 4.45 -> 5.1 GB) and was not faster. The reference pass is not compiled
-(no gain measured); on the CPU it spreads over two streams (`reference_logprobs`).
+8 x 65 positions: peak 4.45 -> 5.1 GB) and was not faster. The reference pass is not compiled;
+on the CPU it spreads over two streams (`reference_logprobs`).
 
 Not covered: gradient checkpointing, mixed precision beyond what the model's dtype gives.
 """
@@ -91,15 +91,6 @@ def grad_fn(model: nn.Module, cfg: Config) -> Callable[..., Any]:
     return small_compiled(lambda mb, kl_coef: value_and_grad(model, mb, kl_coef=kl_coef), model)
 
 
-def reference_fn(model: nn.Module, cfg: Config) -> Callable[[dict], mx.array]:
-    """`mb -> log-probs [N, T]` of the micro-batch's targets (not compiled: a trace keeps the
-    stream it was made on, and the reference pass spreads its micro-batches over streams)."""
-    def logp(mb: dict[str, mx.array]) -> mx.array:
-        return logprobs_and_entropy(shared_prompt.batch_logits(model, mb), mb["tokens"][:, 1:],
-                                    cfg.generation.temperature)[0]
-    return logp
-
-
 def small_compiled(fn: Callable[..., Any], model: nn.Module) -> Callable[..., Any]:
     """`fn(mb, ...)`, compiled when mb's logits take at most COMPILE_MAX_LOGITS_MB (and the
     model's vocabulary size is known), else run as it is."""
@@ -152,19 +143,17 @@ def apply_update(run: Run, grads: Any, loss: mx.array, traced: dict[str, Any]) -
     return norm_v
 
 
-def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config,
-                       traced: dict[str, Any] | None = None) -> list[np.ndarray]:
+def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
+                       ) -> list[np.ndarray]:
     """Log-probs of each completion under the frozen base (same weights, LoRA layers bypassed).
-    `traced`: as for `update`.
 
     On MLX's CPU backend with OpenBLAS and 2+ cores, a whole-batch pass (micro_batch_size 0) is
     split into two halves along prompt groups, each on its own CPU stream with one OpenBLAS
-    thread: the element-wise work, single-threaded on a stream, then runs on both cores (20%
-    faster on the tiny model: BENCHMARKS.md)."""
+    thread: the element-wise work, single-threaded on a stream, then runs on both cores (10-20%
+    faster on the tiny model: BENCHMARKS.md). Not compiled: a trace keeps the stream it was made
+    on (and compiling it gained nothing measurable)."""
     out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rollouts)
     zeros = [0.0] * len(rollouts)
-    logp_fn = kept({} if traced is None else traced, "reference", model,
-                   lambda: reference_fn(model, cfg))
     batches = micro_batches(model, rollouts, cfg)
     streams = reference_streams(cfg, len(rollouts))
     if len(streams) > 1 and len(batches) == 1:
@@ -176,7 +165,9 @@ def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config,
             logps = []
             for b, stream in zip(built, streams, strict=False):
                 with mx.stream(stream):
-                    logps.append(logp_fn(b))
+                    logps.append(logprobs_and_entropy(shared_prompt.batch_logits(model, b),
+                                                      b["tokens"][:, 1:],
+                                                      cfg.generation.temperature)[0])
             mx.eval(logps)
             for (rows, _), b, logp in zip(wave, built, map(np.array, logps), strict=True):
                 for i, j in enumerate(rows):

@@ -495,7 +495,7 @@ def _steps(variants: dict[str, tuple[Callable[[], Any], Callable[[], Any]]], rou
             rollouts, _ = run.ops.sample(run, ours.tasks, i)
         t1 = time.perf_counter()
         with train_ctx(), training_fast_paths(model):
-            ref = U.reference_logprobs(model, rollouts, cfg, traced[name])
+            ref = U.reference_logprobs(model, rollouts, cfg)
             t2 = time.perf_counter()
             U.update(run, rollouts, adv, ref, traced[name])
         t3 = time.perf_counter()
