@@ -551,7 +551,6 @@ def _leaves(tree: Any) -> list:
 def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     """Forward + backward of our loss on one rollout batch, micro-batched as `update` runs it
     (each prompt computed once for its completions, the CPU kernels and the training threads)."""
-
     import mlx.core as mx
     import numpy as np
 
@@ -598,8 +597,9 @@ def w_micro(spec: dict) -> dict:
     formulation before), padding to 32 vs 8, mx.compile of forward+backward, the shared-prompt
     forward (each prompt once for its group) vs every row in full, 1 vs 2 OpenBLAS threads, exp
     vs pow over a logits-sized array, cpu_kernels.py's attention softmax and SwiGLU (alone, with
-    the 2 training threads, and compiled with them: as `update` runs it), and a rollout with the LoRA adapters fused
-    for decoding vs not, and in mlx-lm's `BatchGenerator` (decode.py's loop vs the one before)."""
+    the 2 training threads, and compiled with them: as `update` runs it), and a rollout with the
+    LoRA adapters fused for decoding vs not, and in mlx-lm's `BatchGenerator` (decode.py's loop
+    vs the one before)."""
     from dataclasses import replace
     from functools import partial
 
