@@ -13,7 +13,7 @@ update ran 27 -> 20 s and its peak memory fell 5.07 -> 4.43 GB (BENCHMARKS.md).
 
 `pow2` goes further where a kernel is compiled per shape (SwiGLU's sigmoid; the sampler in
 decode.py): 2**y from exponent bits and a polynomial, plain multiplies and adds that the
-compiled loop vectorizes, 2.3x faster than `mx.power` here. The attention keeps `mx.power`: its
+compiled loop vectorizes, 2.4x faster than `mx.power` here. The attention keeps `mx.power`: its
 shapeless kernel serves every key length of a decode, and the bit view has no shapeless form.
 
 `decode_rope(model)` wraps the attention layers' `nn.RoPE` while decoding: the rotation of one
@@ -60,7 +60,7 @@ def pow2(y: mx.array) -> mx.array:
     from its exponent bits, times a degree-7 polynomial of the rest f, |f| <= 1/2 (truncation
     error below 1e-8 relative). Only multiplies, adds and integer ops, which `mx.compile` fuses
     into loops the C++ compiler vectorizes, where `mx.power` calls the C library's scalar powf
-    per element: 2.3x faster here (BENCHMARKS.md). Only under a shape-specialized `mx.compile`
+    per element: 2.4x faster here (BENCHMARKS.md). Only under a shape-specialized `mx.compile`
     (the bit view has no shapeless form) and without gradients (nor a vjp)."""
     n = (y + _ROUND) - _ROUND
     f = y - n

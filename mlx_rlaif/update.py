@@ -149,7 +149,7 @@ def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
 
     On MLX's CPU backend with OpenBLAS and 2+ cores, a whole-batch pass (micro_batch_size 0) is
     split into two halves along prompt groups, each on its own CPU stream with one OpenBLAS
-    thread: the element-wise work, single-threaded on a stream, then runs on both cores (10-20%
+    thread: the element-wise work, single-threaded on a stream, then runs on both cores (9-16%
     faster on the tiny model: BENCHMARKS.md). Not compiled: a trace keeps the stream it was made
     on (and compiling it gained nothing measurable)."""
     out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rollouts)
