@@ -57,7 +57,7 @@ def _setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from .blas import maybe_reexec_with_fast_blas
+    from .cpu.blas import maybe_reexec_with_fast_blas
 
     maybe_reexec_with_fast_blas()
     _setup_logging()

@@ -120,12 +120,14 @@ class RLConfig:
     drop_zero_std: bool = opt(True, "Leave zero-variance groups out of the loss (they carry no "
                               "signal); counted as reward/frac_zero_std either way.")
     reinforce_decay: float = opt(0.9, "EMA decay of the reinforce running baseline.", _unit)
-    kl_penalty: float = opt(0.02, "KL coefficient beta against the frozen base (LoRA off). "
+    kl_penalty: float = opt(0.02, "KL penalty coefficient against the frozen base (LoRA off). "
                             "0 skips the reference forward entirely.", _nonneg)
     kl_estimator: Literal["k1", "k2", "k3"] = opt("k2", "KL estimator used in the loss.")
-    kl_in_reward: bool = opt(False, "Subtract beta * sum_t k1 from each reward instead of adding "
-                             "KL to the loss.")
-    adaptive_kl: bool = opt(False, "Adapt beta toward kl_target (Ziegler et al. controller).")
+    kl_in_reward: bool = opt(False, "Subtract kl_penalty * sum_t k1 from each reward instead of "
+                             "adding KL to the loss.")
+    adaptive_kl: bool = opt(False, "Adapt kl_penalty toward kl_target (Ziegler et al. controller); "
+                            "on --resume the controller's value continues unless rl.kl_penalty "
+                            "was changed.")
     kl_target: float = opt(0.05, "Target KL per token for the adaptive controller.", _pos)
     kl_horizon: int = opt(1000, "Horizon (in sequences) of the adaptive controller.", _pos)
     clip_low: float = opt(0.2, "PPO clip: ratio lower bound is 1 - clip_low.", _unit)

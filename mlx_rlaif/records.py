@@ -1,13 +1,18 @@
 """The records that flow through a step: Task -> Rollout -> Reward.
 
+`extract_code` pulls the code out of a completion's text (every reward and the dataset records
+use it): the first fenced block of the task's language, else the first fence, else the whole
+text. Not covered: several files in one answer.
+
 Naming of ragged lists: a suffix `_P` is one entry per prompt, `_G` one per completion of a group,
 `_PG` one per completion of the whole batch, flattened prompt-major (index p * G + g).
 
-Not covered here: batching into arrays (batch.py) and scoring (rewards/).
+Not covered here: batching into arrays (backends/batch.py) and scoring (rewards/).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +37,6 @@ class Task:
     tests: tuple[Mapping[str, Any], ...] = ()
     difficulty: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def has_tests(self) -> bool:
-        return bool(self.test) or bool(self.tests)
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,24 @@ def group_indices(task_ids_PG: Sequence[str]) -> dict[str, list[int]]:
     for i, tid in enumerate(task_ids_PG):
         groups.setdefault(tid, []).append(i)
     return groups
+
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+#-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_ALIASES = {
+    "python": {"python", "py", "python3"},
+    "cpp": {"cpp", "c++", "cxx", "cc"},
+    "rust": {"rust", "rs"},
+}
+
+
+def extract_code(completion: str, language: str) -> str:
+    """The code in `completion`: the first fence tagged with `language`, else the first fence,
+    else the whole text."""
+    blocks = _FENCE.findall(completion)
+    if not blocks:
+        return completion.strip("\n")
+    names = _ALIASES.get(language, {language})
+    for tag, body in blocks:
+        if tag.lower() in names:
+            return body.strip("\n")
+    return blocks[0][1].strip("\n")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mlx_rlaif.blas import fast_blas_active, find_fast_blas, maybe_reexec_with_fast_blas
-from mlx_rlaif.randmodel import make_model_dir
+from mlx_rlaif.cpu.blas import fast_blas_active, find_fast_blas, maybe_reexec_with_fast_blas
+from mlx_rlaif.testing.randmodel import make_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 

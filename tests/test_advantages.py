@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlx_rlaif.advantages import EPS, compute
+from mlx_rlaif.algo.advantages import EPS, compute
 
 
 def test_grpo_group_std_and_zero_variance_groups():

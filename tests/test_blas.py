@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_rlaif.blas import default_threads, fast_blas_env, find_fast_blas, without_fast_blas
+from mlx_rlaif.cpu.blas import default_threads, fast_blas_env, find_fast_blas, without_fast_blas
 
 _CHILD = r"""
 import sys

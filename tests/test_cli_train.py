@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from mlx_rlaif import checkpoint
+from mlx_rlaif.artifacts import checkpoint
 
 
 def _train(model: Path, tasks: Path, out: Path, *extra: str, **kw) -> subprocess.Popen:

@@ -12,22 +12,25 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from batches import mx_batch
 from mlx.utils import tree_flatten, tree_map
 
-from mlx_rlaif import update
-from mlx_rlaif.backends.mlx import load_policy, lora_modules
-from mlx_rlaif.batch import aggregation_weights, build_shared
+from mlx_rlaif.algo.aggregation import aggregation_weights
+from mlx_rlaif.artifacts.lora import lora_layers
+from mlx_rlaif.backends.batch import build_shared
+from mlx_rlaif.backends.mlx import update
+from mlx_rlaif.backends.mlx.loss import rl_loss
+from mlx_rlaif.backends.mlx.policy import load_policy
+from mlx_rlaif.backends.mlx.update import grad_fn, kept, make_optimizer, optimizer_step
 from mlx_rlaif.config import load as load_config
-from mlx_rlaif.cpu_kernels import training_fast_paths
-from mlx_rlaif.losses import rl_loss
+from mlx_rlaif.cpu.kernels import training_fast_paths
 from mlx_rlaif.records import Rollout, Task
-from mlx_rlaif.update import grad_fn, kept, make_optimizer, optimizer_step
 
 
 def _policy(micro_model: Path) -> nn.Module:
     model = load_policy(str(micro_model), seed=0).model
     mx.random.seed(1)
-    for m in lora_modules(model):
+    for m in [m for _, m in lora_layers(model)]:
         m.lora_b = 0.05 * mx.random.normal(m.lora_b.shape)
     mx.eval(model.parameters())
     return model
@@ -44,7 +47,7 @@ def _batch(width: int = 6) -> dict[str, mx.array]:
                                 tuple(rng.normal(-5, 1, n).tolist()), "", "stop", 1.0))
     w = aggregation_weights([len(r.tokens) for r in rollouts], "token", width)
     ref = [np.array(r.logprobs) - 0.3 for r in rollouts]
-    return build_shared(rollouts, np.linspace(-1, 1, 4), w, ref)
+    return mx_batch(build_shared(rollouts, np.linspace(-1, 1, 4), w, ref))
 
 
 def _close(a: dict, b: dict) -> None:
@@ -62,7 +65,7 @@ def test_gradient_equals_eager_and_follows_the_kl_coefficient(micro_model: Path)
     with training_fast_paths(model):
         for mb, kl in ((_batch(), 0.0), (_batch(), 0.5), (_batch(9), 0.5)):  # a new shape too
             (loss, aux), g = grad(mb, mx.array(kl))
-            eager = nn.value_and_grad(model, partial(rl_loss, rl=cfg.rl, kl_coef=kl,
+            eager = nn.value_and_grad(model, partial(rl_loss, rl=cfg.rl, kl_penalty=kl,
                                                      temperature=0.8))
             (want, want_aux), want_g = eager(model, mb)
             assert loss.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-7)
@@ -76,7 +79,7 @@ def test_optimizer_step_equals_eager_updates(micro_model: Path) -> None:
     cfg = load_config(None, ["training.warmup_steps=2", "training.lr_schedule=cosine",
                              "training.weight_decay=0.1"])
     models = [_policy(micro_model), _policy(micro_model)]
-    opts = [make_optimizer(cfg, 10), make_optimizer(cfg, 10)]
+    opts = [make_optimizer(cfg.training, 10), make_optimizer(cfg.training, 10)]
     step = optimizer_step(models[1], opts[1])
     mx.random.seed(2)
     for _ in range(3):

@@ -17,9 +17,12 @@ from mlx_lm.models import activations
 from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.tuner.lora import LoRALinear
 
-from mlx_rlaif import blas, cpu_kernels
-from mlx_rlaif.backends.mlx import fused_lora_bytes, load_policy, lora_fused, lora_modules
-from mlx_rlaif.cpu_kernels import fast_cpu_kernels, scaled_dot_product_attention, swiglu
+from mlx_rlaif import cpu
+from mlx_rlaif.artifacts.lora import lora_layers
+from mlx_rlaif.backends.mlx.policy import fused_lora_bytes, load_policy, lora_fused
+from mlx_rlaif.cpu import blas
+from mlx_rlaif.cpu import kernels as cpu_kernels
+from mlx_rlaif.cpu.kernels import fast_cpu_kernels, scaled_dot_product_attention, swiglu
 
 
 def _close(a: mx.array, b: mx.array, tol: float = 2e-5) -> None:
@@ -85,7 +88,7 @@ def test_swap_is_scoped_and_model_output_unchanged(micro_model: Path,
     assert qwen2.scaled_dot_product_attention is mlx_lm_base.scaled_dot_product_attention
     _close(ours, ref, 1e-4)
     monkeypatch.setenv("MLX_RLAIF_CPU_KERNELS", "0")
-    assert not cpu_kernels.enabled()
+    assert not cpu.active()
     with fast_cpu_kernels(model):
         assert qwen2.swiglu is activations.swiglu
 
@@ -94,7 +97,7 @@ def test_lora_fused_decodes_the_same_and_restores(micro_model: Path) -> None:
     policy = load_policy(str(micro_model))
     model = policy.model
     mx.random.seed(3)
-    for m in lora_modules(model):
+    for m in [m for _, m in lora_layers(model)]:
         m.lora_b = 0.05 * mx.random.normal(m.lora_b.shape)
     before = dict(tree_flatten(model.trainable_parameters()))
     tokens = mx.array([[5, 9, 13, 2, 7, 30], [8, 8, 1, 4, 2, 3]])
@@ -103,15 +106,15 @@ def test_lora_fused_decodes_the_same_and_restores(micro_model: Path) -> None:
     assert size is not None and size > 0
     with lora_fused(model, size) as fused:
         assert fused
-        assert not lora_modules(model)  # plain layers while fused
+        assert not [m for _, m in lora_layers(model)]  # plain layers while fused
         out = model(tokens)
     _close(out, ref, 1e-4)
-    assert len(lora_modules(model)) == len(before) // 2  # the adapters are back, untouched
+    assert len([m for _, m in lora_layers(model)]) == len(before) // 2  # the adapters are back, untouched
     after = dict(tree_flatten(model.trainable_parameters()))
     assert after.keys() == before.keys()
     assert all(after[k] is before[k] for k in before)
     with lora_fused(model, size - 1) as fused:  # over the threshold: left alone
-        assert not fused and lora_modules(model)
+        assert not fused and [m for _, m in lora_layers(model)]
 
 
 def test_lora_fused_never_for_quantized(micro_model: Path) -> None:
@@ -119,7 +122,7 @@ def test_lora_fused_never_for_quantized(micro_model: Path) -> None:
     nn.quantize(policy.model, group_size=32, bits=8,
                 class_predicate=lambda _, m: isinstance(m, nn.Linear)
                 and m.weight.shape[-1] % 32 == 0)
-    if not any(isinstance(m.linear, nn.QuantizedLinear) for m in lora_modules(policy.model)
+    if not any(isinstance(m.linear, nn.QuantizedLinear) for m in [m for _, m in lora_layers(policy.model)]
                if isinstance(m, LoRALinear)):
         pytest.skip("no adapted layer could be quantized in this model")
     assert fused_lora_bytes(policy.model) is None

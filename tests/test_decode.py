@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from mlx_rlaif.backends.mlx import load_policy, token_logprobs
-from mlx_rlaif.cpu_kernels import fast_cpu_kernels
-from mlx_rlaif.decode import decode, merged_cache, picker
-from mlx_rlaif.randmodel import make_model_dir
-from mlx_rlaif.rollout import SamplingParams, generate
+from mlx_rlaif.backends.mlx.decode import decode, merged_cache, picker
+from mlx_rlaif.backends.mlx.loss import token_logprobs
+from mlx_rlaif.backends.mlx.policy import load_policy
+from mlx_rlaif.backends.mlx.rollout import generate
+from mlx_rlaif.backends.sampling import SamplingParams
+from mlx_rlaif.cpu.kernels import fast_cpu_kernels
+from mlx_rlaif.testing.randmodel import make_model_dir
 
 PROBS = [0.5, 0.25, 0.125, 0.125, 0.0]
 

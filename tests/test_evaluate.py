@@ -10,9 +10,9 @@ import pytest
 from recording_hub import RecordingHub
 
 from mlx_rlaif.config import load
-from mlx_rlaif.evaluate import pass_at_k, passed, summarize
 from mlx_rlaif.records import Reward
 from mlx_rlaif.train import train
+from mlx_rlaif.train.evaluate import pass_at_k, passed, summarize
 
 
 @pytest.mark.parametrize("n, c, k, expected", [

@@ -23,8 +23,8 @@ from mlx_rlaif.config import ExecConfig
 from mlx_rlaif.errors import ConfigError
 from mlx_rlaif.records import Task
 from mlx_rlaif.rewards.exec import ExecReward
-from mlx_rlaif.rewards.exec_tasks import instrument_check, python_program, same_value
-from mlx_rlaif.sandbox_modes import bwrap_problem
+from mlx_rlaif.rewards.exec.tasks import instrument_check, python_program, same_value
+from mlx_rlaif.sandbox.modes import bwrap_problem
 
 BWRAP_SKIP = None if sys.platform.startswith("linux") and bwrap_problem() is None else (
     "bubblewrap does not work here")

@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 from mlx_lm import load
 
-from mlx_rlaif import checkpoint, cli, export
-from mlx_rlaif.backends.mlx import adapter_config_for, load_policy, lora_disabled
+from mlx_rlaif import cli
+from mlx_rlaif.artifacts import checkpoint, fuse
+from mlx_rlaif.artifacts import peft as peft_format
+from mlx_rlaif.artifacts.lora import lora_layers
+from mlx_rlaif.backends.mlx.policy import adapter_config_for, load_policy, lora_disabled
 from mlx_rlaif.config import LoraConfig
 
 TOKENS = mx.array([[1, 17, 33, 100, 2, 40, 7, 300, 12]])
@@ -170,12 +173,12 @@ def test_fuse_refuses_when_4bit_rounding_would_drop_the_adapter(q4_base, tmp_pat
 
 def test_adapter_correlation_of_float_and_zero_adapters(micro_model, tmp_path):
     policy, _ = make_run(micro_model, tmp_path / "run", 0.05)
-    lora = export.lora_modules(policy.model)
-    assert export.adapter_correlation(lora, export.fuse_float(policy.model)) == pytest.approx(
+    lora = lora_layers(policy.model)
+    assert fuse.adapter_correlation(lora, fuse.fuse_float(policy.model)) == pytest.approx(
         1.0, abs=1e-5)
     zero = load_policy(str(micro_model), LoraConfig(rank=4, scale=2.0))  # lora_b = 0
-    fused = export.fuse_float(zero.model)
-    assert export.adapter_correlation(export.lora_modules(zero.model), fused) is None
+    fused = fuse.fuse_float(zero.model)
+    assert fuse.adapter_correlation(lora_layers(zero.model), fused) is None
 
 
 def test_fuse_without_base_model_recorded_asks_for_model(micro_model, tmp_path, run_cli, capsys):
@@ -191,13 +194,13 @@ def test_fuse_without_base_model_recorded_asks_for_model(micro_model, tmp_path, 
 def test_write_mlx_model_leaves_the_training_model_alone(micro_model, tmp_path):
     policy, ckpt = make_run(micro_model, tmp_path / "run", 0.05)
     before = logits(policy.model)
-    out = export.write_mlx_model(policy.model, policy.tokenizer, ckpt, bits=None)
+    out = fuse.write_mlx_model(policy.model, policy.tokenizer, ckpt, bits=None)
     assert out == ckpt / "mlx_model"
     assert maxdiff(logits(load(str(out))[0]), before) < 1e-4
     info = json.loads((out / "export.json").read_text())
     assert info["bits"] is None and info["adapter_correlation"] == pytest.approx(1.0, abs=1e-5)
     assert maxdiff(logits(policy.model), before) == 0.0
-    assert export.lora_modules(policy.model)  # still a LoRA model that can keep training
+    assert lora_layers(policy.model)  # still a LoRA model that can keep training
 
 
 # --- PEFT -------------------------------------------------------------------------------------
@@ -226,9 +229,9 @@ def test_export_peft_names_shapes_and_alpha(micro_model, tmp_path, run_cli):
 def test_peft_export_reloaded_through_hf_names_gives_the_same_logits(micro_model, tmp_path):
     policy, _ = make_run(micro_model, tmp_path / "run", 0.3, PEFT_LORA)
     adapted = logits(policy.model)
-    export.export_peft(tmp_path / "run", tmp_path / "peft")
+    peft_format.export_peft(tmp_path / "run", tmp_path / "peft")
     cfg = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
-    weights, params = export.mlx_from_peft(
+    weights, params = peft_format.mlx_from_peft(
         mx.load(str(tmp_path / "peft" / "adapter_model.safetensors")), cfg)
     assert params == {"rank": 4, "scale": 2.5, "dropout": 0.0}
     fresh = load_policy(str(micro_model), LoraConfig(rank=params["rank"], scale=params["scale"],
@@ -246,7 +249,7 @@ def test_peft_export_gives_the_same_logits_in_transformers(micro_model, tmp_path
 
     policy, _ = make_run(micro_model, tmp_path / "run", 0.3, PEFT_LORA)
     adapted = logits(policy.model)
-    export.export_peft(tmp_path / "run", tmp_path / "peft")
+    peft_format.export_peft(tmp_path / "run", tmp_path / "peft")
     hf = AutoModelForCausalLM.from_pretrained(str(micro_model), dtype=torch.float32)
     model = peft.PeftModel.from_pretrained(hf, str(tmp_path / "peft")).eval()
     ids = torch.tensor(np.array(TOKENS))

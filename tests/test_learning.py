@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_rlaif.suites import load_suite
+from mlx_rlaif.data.suites import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("sub", "greater", "absdiff", "upper")

@@ -8,8 +8,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_rlaif.batch import aggregation_weights, chunks
-from mlx_rlaif.losses import clipped_surrogate, kl_estimate
+from mlx_rlaif.algo.aggregation import aggregation_weights
+from mlx_rlaif.algo.objective import clipped_surrogate, kl_estimate
+from mlx_rlaif.backends.batch import chunks
 
 
 def test_kl_estimators():
@@ -57,7 +58,7 @@ def test_chunks():
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_and_entropy_match_float64_numpy(temperature):
-    from mlx_rlaif.losses import logprobs_and_entropy
+    from mlx_rlaif.backends.mlx.loss import logprobs_and_entropy
 
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 3, size=(2, 5, 50))

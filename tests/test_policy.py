@@ -11,23 +11,27 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from batches import mx_batch
 from mlx.utils import tree_flatten
 from mlx_lm import load
 
-from mlx_rlaif import checkpoint
-from mlx_rlaif.backends.mlx import load_policy, lora_disabled, lora_modules, token_logprobs
-from mlx_rlaif.batch import aggregation_weights, build
+from mlx_rlaif.algo.aggregation import aggregation_weights
+from mlx_rlaif.artifacts import checkpoint
+from mlx_rlaif.artifacts.lora import lora_layers
+from mlx_rlaif.backends.batch import build
+from mlx_rlaif.backends.mlx.loss import rl_loss, token_logprobs
+from mlx_rlaif.backends.mlx.policy import load_policy, lora_disabled
+from mlx_rlaif.backends.mlx.rollout import sample
+from mlx_rlaif.backends.mlx.update import make_optimizer, update
+from mlx_rlaif.backends.sampling import SamplingParams
 from mlx_rlaif.config import load as load_config
-from mlx_rlaif.losses import rl_loss
 from mlx_rlaif.records import Task
-from mlx_rlaif.rollout import SamplingParams, sample
-from mlx_rlaif.train import Run, make_optimizer, update
 
 
 def _perturb_lora(model: nn.Module, seed: int = 1, std: float = 0.05) -> None:
     """Random non-zero lora_b so the adapter changes the output."""
     mx.random.seed(seed)
-    for m in lora_modules(model):
+    for m in [m for _, m in lora_layers(model)]:
         m.lora_b = std * mx.random.normal(m.lora_b.shape)
     mx.eval(model.parameters())
 
@@ -42,15 +46,15 @@ def test_lora_off_logprobs_equal_base_exactly(micro_model: Path):
     policy = load_policy(str(micro_model))
     _perturb_lora(policy.model)
     toks = _tokens()
-    n_lora = len(lora_modules(policy.model))
+    n_lora = len([m for _, m in lora_layers(policy.model)])
     with_lora, _ = token_logprobs(policy.model, toks)
     with lora_disabled(policy.model):
-        assert not lora_modules(policy.model)
+        assert not [m for _, m in lora_layers(policy.model)]
         off, _ = token_logprobs(policy.model, toks)
     ref, _ = token_logprobs(base, toks)
     assert not np.allclose(np.array(with_lora), np.array(ref))  # the adapter matters
     assert np.array_equal(np.array(off), np.array(ref))  # bit-for-bit the base
-    mods = lora_modules(policy.model)
+    mods = [m for _, m in lora_layers(policy.model)]
     assert len(mods) == n_lora and all(m.scale == policy.lora.scale for m in mods)  # restored
     again, _ = token_logprobs(policy.model, toks)
     assert np.array_equal(np.array(again), np.array(with_lora))
@@ -66,7 +70,7 @@ def test_sampler_logprobs_match_recomputed(micro_model: Path):
     assert len(rollouts) == 6 and stats["gen/decode_width"] == 6  # all P x G at once
     assert [r.task.id for r in rollouts] == ["a"] * 3 + ["b"] * 3
     n = len(rollouts)
-    b = build(rollouts, [0.0] * n, [0.0] * n)
+    b = mx_batch(build(rollouts, [0.0] * n, [0.0] * n))
     logp, _ = token_logprobs(policy.model, b["tokens"], temperature=0.7)
     diff = np.abs(np.array(logp) - np.array(b["old_logp"])) * np.array(b["mask"])
     assert diff.max() < 2e-3
@@ -101,10 +105,10 @@ def test_loss_gradient_matches_finite_differences(micro_model: Path):
     adv = np.linspace(-1, 1, n)
     w = aggregation_weights([len(r.tokens) for r in rollouts], "token", 10)
     ref = [np.array(r.logprobs) - 0.1 for r in rollouts]  # a reference that differs
-    mb = build(rollouts, adv, w, ref)
+    mb = mx_batch(build(rollouts, adv, w, ref))
     mb["old_logp"] = mb["old_logp"] + 0.05 * mb["mask"]  # ratios away from 1, some clipped
     rl = load_config(None, ["rl.entropy_coef=0.01", "rl.kl_estimator=k3"]).rl
-    fn = partial(rl_loss, rl=rl, kl_coef=0.1, temperature=1.0)
+    fn = partial(rl_loss, rl=rl, kl_penalty=0.1, temperature=1.0)
     (_, _), grads = nn.value_and_grad(policy.model, fn)(policy.model, mb)
     flat = dict(tree_flatten(grads))
     params = dict(tree_flatten(policy.model.trainable_parameters()))
@@ -129,9 +133,7 @@ def _run_update(micro_model: Path, micro_batch_size: int, rollouts, adv, tmp: Pa
                              "rl.entropy_coef=0.01", "rl.kl_penalty=0"])
     policy = load_policy(str(micro_model), cfg.lora, seed=0)
     _perturb_lora(policy.model)
-    run = Run(cfg, policy, None, make_optimizer(cfg, 10), tmp,
-              checkpoint.LoopState(kl_coef=0.0), lambda t: [])
-    update(run, rollouts, adv, None)
+    update(policy, make_optimizer(cfg.training, 10), rollouts, adv, None, cfg, 0.0)
     return {k: np.array(v) for k, v in tree_flatten(policy.model.trainable_parameters())}
 
 
@@ -154,7 +156,7 @@ def test_checkpoint_round_trip_and_mlx_lm_loads_it(micro_model: Path, tmp_path: 
     cfg = load_config(None, [])
     policy = load_policy(str(micro_model), cfg.lora)
     _perturb_lora(policy.model)
-    from mlx_rlaif.backends.mlx import adapter_config_for
+    from mlx_rlaif.backends.mlx.policy import adapter_config_for
 
     ckpt = checkpoint.save_checkpoint(tmp_path, "checkpoint-e1-b1-gs1", policy.model,
                                       adapter_config_for(policy), checkpoint.LoopState(step=1))

@@ -20,7 +20,7 @@ import pytest
 
 from mlx_rlaif.errors import ConfigError
 from mlx_rlaif.sandbox import Limits, RunResult, Sandbox, SandboxError
-from mlx_rlaif.sandbox_modes import bwrap_problem, choose_mode
+from mlx_rlaif.sandbox.modes import bwrap_problem, choose_mode
 
 FAST = Limits(timeout_s=3.0, cpu_s=3, memory_mb=512, file_size_mb=4, open_files=64,
               processes=16, output_bytes=4096)

@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_rlaif import checkpoint, cli, sft
-from mlx_rlaif.backends.mlx import load_policy
+from mlx_rlaif import cli
+from mlx_rlaif.artifacts import checkpoint
+from mlx_rlaif.backends.mlx.policy import load_policy
+from mlx_rlaif.backends.mlx.rollout import sample
+from mlx_rlaif.backends.sampling import SamplingParams
 from mlx_rlaif.config import LoraConfig
 from mlx_rlaif.errors import ConfigError, DataError
 from mlx_rlaif.records import Task
-from mlx_rlaif.rollout import SamplingParams, sample
+from mlx_rlaif.train import sft
 
 PROMPTS = [f"Write a Python function number {i} that returns {i}." for i in range(4)]
 

@@ -11,22 +11,25 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from batches import mx_batch
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import RotatingKVCache
 
-from mlx_rlaif import checkpoint, shared_prompt
-from mlx_rlaif import update as update_module
-from mlx_rlaif.backends.mlx import load_policy, lora_disabled, lora_modules
-from mlx_rlaif.batch import aggregation_weights, build, build_shared, prompt_groups
+from mlx_rlaif.algo.aggregation import aggregation_weights
+from mlx_rlaif.artifacts.lora import lora_layers
+from mlx_rlaif.backends.batch import build, build_shared, prompt_groups
+from mlx_rlaif.backends.mlx import shared_prompt
+from mlx_rlaif.backends.mlx import update as update_module
+from mlx_rlaif.backends.mlx.loss import logprobs_and_entropy, rl_loss
+from mlx_rlaif.backends.mlx.policy import load_policy, lora_disabled
+from mlx_rlaif.backends.mlx.update import make_optimizer, reference_logprobs, update
 from mlx_rlaif.config import load as load_config
-from mlx_rlaif.losses import logprobs_and_entropy, rl_loss
 from mlx_rlaif.records import Rollout, Task
-from mlx_rlaif.train import Run, make_optimizer, reference_logprobs, update
 
 
 def _perturb(model: nn.Module) -> None:
     mx.random.seed(1)
-    for m in lora_modules(model):
+    for m in [m for _, m in lora_layers(model)]:
         m.lora_b = 0.05 * mx.random.normal(m.lora_b.shape)
     mx.eval(model.parameters())
 
@@ -47,7 +50,7 @@ def _rollouts(vocab: int = 500) -> list[Rollout]:
 def test_groups_and_layout() -> None:
     rollouts = _rollouts()
     assert prompt_groups(rollouts) == [[0, 3, 6], [1, 4], [2, 5]]
-    b = build_shared(rollouts, [0.0] * 7, [1.0] * 7)
+    b = mx_batch(build_shared(rollouts, [0.0] * 7, [1.0] * 7))
     assert b["prefix"].shape == (3, 6) and b["prefix_len"].tolist() == [6, 3, 0]
     assert b["group"].tolist() == [0, 1, 2, 0, 1, 2, 0]
     assert b["prefix"][1].tolist()[:3] == [0, 0, 0]  # left padding
@@ -56,7 +59,7 @@ def test_groups_and_layout() -> None:
 
 
 def _full_logprobs(model: nn.Module, rollouts: list[Rollout]) -> list[np.ndarray]:
-    full = build(rollouts, [0.0] * len(rollouts), [1.0] * len(rollouts))
+    full = mx_batch(build(rollouts, [0.0] * len(rollouts), [1.0] * len(rollouts)))
     lp = np.array(logprobs_and_entropy(model(full["tokens"][:, :-1]), full["tokens"][:, 1:])[0])
     return [lp[i, len(r.prompt_tokens) - 1:len(r.prompt_tokens) - 1 + len(r.tokens)]
             for i, r in enumerate(rollouts)]
@@ -68,7 +71,7 @@ def test_logprobs_equal_the_full_forward(micro_model: Path, rows: list[int]) -> 
     _perturb(policy.model)
     rollouts = [_rollouts()[i] for i in rows]
     want = _full_logprobs(policy.model, rollouts)
-    b = build_shared(rollouts, [0.0] * len(rows), [1.0] * len(rows))
+    b = mx_batch(build_shared(rollouts, [0.0] * len(rows), [1.0] * len(rows)))
     logits = shared_prompt.logits(policy.model, b, b["tokens"][:, :-1])
     lp = np.array(logprobs_and_entropy(logits, b["tokens"][:, 1:])[0])
     for i, r in enumerate(rollouts):
@@ -84,9 +87,9 @@ def test_loss_gradient_equals_the_full_forward(micro_model: Path) -> None:
     w = aggregation_weights([len(r.tokens) for r in rollouts], "token", 10)
     ref = [np.array(r.logprobs) - 0.2 for r in rollouts]
     rl = load_config(None, ["rl.entropy_coef=0.01", "rl.kl_estimator=k3"]).rl
-    vg = nn.value_and_grad(policy.model, partial(rl_loss, rl=rl, kl_coef=0.1, temperature=0.8))
-    (loss_full, _), g_full = vg(policy.model, build(rollouts, adv, w, ref))
-    (loss, _), grads = vg(policy.model, build_shared(rollouts, adv, w, ref))
+    vg = nn.value_and_grad(policy.model, partial(rl_loss, rl=rl, kl_penalty=0.1, temperature=0.8))
+    (loss_full, _), g_full = vg(policy.model, mx_batch(build(rollouts, adv, w, ref)))
+    (loss, _), grads = vg(policy.model, mx_batch(build_shared(rollouts, adv, w, ref)))
     assert loss.item() == pytest.approx(loss_full.item(), rel=1e-5, abs=1e-7)
     flat, flat_full = dict(tree_flatten(grads)), dict(tree_flatten(g_full))
     assert max(np.abs(np.array(v)).max() for v in flat_full.values()) > 1e-4
@@ -114,10 +117,9 @@ def _update(micro_model: Path, tmp: Path, share: bool, rollouts: list[Rollout],
                              f"training.micro_batch_size={micro_batch}"])
     policy = load_policy(str(micro_model), cfg.lora, seed=0)
     _perturb(policy.model)
-    run = Run(cfg, policy, None, make_optimizer(cfg, 10), tmp,
-              checkpoint.LoopState(kl_coef=0.1), lambda t: [])
     ref = reference_logprobs(policy.model, rollouts, cfg)
-    m = update(run, rollouts, np.linspace(-1, 1, len(rollouts)), ref)
+    m, _ = update(policy, make_optimizer(cfg.training, 10), rollouts,
+                  np.linspace(-1, 1, len(rollouts)), ref, cfg, 0.1)
     assert m["kl/mean"] > 1e-4  # the perturbed adapters moved the policy off the reference
     params = {k: np.array(v) for k, v in tree_flatten(policy.model.trainable_parameters())}
     return {"ref": ref, "params": params, "metrics": m}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from mlx_rlaif.data.suites import SUITES, load_suite
 from mlx_rlaif.errors import UsageError
-from mlx_rlaif.suites import SUITES, load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -131,7 +131,7 @@ def test_humaneval_is_read_from_the_package() -> None:
 
 def test_suites_are_package_data() -> None:
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"suites/*.jsonl"' in text
+    assert '"data/suites/*.jsonl"' in text
     for name in ("synthetic-train", "synthetic-eval"):
-        path = ROOT / "mlx_rlaif" / "suites" / f"{name}.jsonl"
+        path = ROOT / "mlx_rlaif" / "data" / "suites" / f"{name}.jsonl"
         assert json.loads(path.read_text().splitlines()[0])["id"].startswith("synthetic/")

@@ -27,10 +27,12 @@ from fake_api import REFERENCE_CODE, Broken, Fail, FakeAPI, Refuse, Say  # noqa:
 from mlx_rlaif.config import TeacherConfig  # noqa: E402
 from mlx_rlaif.errors import ConfigError, TeacherError  # noqa: E402
 from mlx_rlaif.records import Task  # noqa: E402
-from mlx_rlaif.rewards import judge  # noqa: E402
 from mlx_rlaif.rewards.base import SyntaxReward  # noqa: E402
 from mlx_rlaif.rewards.mix import MixReward, mix_values  # noqa: E402
-from mlx_rlaif.rewards.teacher import TeacherReward  # noqa: E402
+from mlx_rlaif.rewards.teacher import (
+    TeacherReward,  # noqa: E402
+    judge,  # noqa: E402
+)
 
 KEY = "sk-test-canary-7f3a9c1e5b"
 PROVIDERS = ["anthropic", "openai"]
@@ -454,7 +456,7 @@ def test_cache_survives_restart_and_skips_the_network(server, tmp_path):
 def test_cache_is_shared_by_threads_and_connections(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from mlx_rlaif.rewards.cache import AnswerCache, cache_key
+    from mlx_rlaif.rewards.teacher.cache import AnswerCache, cache_key
 
     writer, reader = AnswerCache(tmp_path / "c.db"), AnswerCache(tmp_path / "c.db")
     keys = [cache_key("p", "m", str(i)) for i in range(200)]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from recording_hub import RecordingHub
 
-from mlx_rlaif import checkpoint
+from mlx_rlaif.artifacts import checkpoint
 from mlx_rlaif.config import load
 from mlx_rlaif.errors import ConfigError
 from mlx_rlaif.train import train
@@ -110,7 +110,7 @@ def test_kl_in_reward_with_adaptive_controller(micro_model, prompts_file, tmp_pa
     train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=3",
                "rl.kl_in_reward=true", "rl.adaptive_kl=true", "rl.kl_target=1e-6",
                "rl.kl_horizon=10"), hub=hub)
-    coefs = [m["kl/coef"] for _, m in hub.steps]
+    coefs = [m["kl/penalty"] for _, m in hub.steps]
     assert coefs[0] == pytest.approx(0.1)
     assert hub.steps[-1][1]["kl/mean"] > 0
     # step 1: policy == base, KL 0 < target: beta * (1 - 0.2 * 6/10); then KL > target: raised
@@ -148,3 +148,26 @@ def test_baseline_batches_are_scored_before_training(micro_model, prompts_file, 
                           ).read_text())
     assert summary["baseline_reward"] == pytest.approx(value)
     assert summary["global_step"] == 1 and "reward_gain_from_baseline" in summary
+
+
+def test_resume_keeps_the_controllers_kl_penalty_unless_the_user_changed_it(
+        micro_model, prompts_file, tmp_path):
+    """The adaptive controller's value is loop state: it continues on --resume. A rl.kl_penalty
+    the user changed since the checkpoint wins instead, and a line says so."""
+    extra = ("rl.adaptive_kl=true", "rl.kl_target=1e-6", "rl.kl_horizon=10")
+    first = train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=2",
+                       *extra), hub=RecordingHub())
+    ckpt = checkpoint.latest_checkpoint(first)
+    adapted = checkpoint.load_state(ckpt).kl_penalty
+    assert adapted != pytest.approx(0.1)
+    same = RecordingHub()
+    train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=3", *extra),
+          resume_from=ckpt, hub=same)
+    assert same.steps[0][1]["kl/penalty"] == pytest.approx(adapted)
+    assert not any("kl_penalty" in m for m in same.messages)
+    changed = RecordingHub()
+    train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=3", *extra,
+               "rl.kl_penalty=0.5"), resume_from=ckpt, hub=changed)
+    assert changed.steps[0][1]["kl/penalty"] == pytest.approx(0.5)
+    assert any("rl.kl_penalty = 0.5 (changed since the checkpoint)" in m
+               for m in changed.messages)

@@ -10,7 +10,7 @@ import pytest
 from fake_api import FakeAPI
 from recording_hub import RecordingHub
 
-from mlx_rlaif import checkpoint
+from mlx_rlaif.artifacts import checkpoint
 from mlx_rlaif.config import load
 from mlx_rlaif.train import train
 

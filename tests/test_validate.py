@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mlx_rlaif import cli, sft
+from mlx_rlaif import cli
 from mlx_rlaif.commands.validate import compare, prompt_means
+from mlx_rlaif.train import sft
 
 PROMPTS = [f"Write a Python function number {i} that returns {i}." for i in range(4)]
 

@@ -7,9 +7,9 @@
 
 What it measures (BENCHMARKS.md explains each figure and has the latest results):
 - matmul GFLOP/s (fp32, n x n) with the system OpenBLAS preloaded (1 and 2 threads) and without;
-- rollouts on the tiny model: our `rollout.generate` vs mlx-lm's `batch_generate` at the same
+- rollouts on the tiny model: our `backends.mlx.rollout.generate` vs mlx-lm's `batch_generate` at the same
   P x G, sampler and token budget, alternating in one process: tokens/s and decode width;
-- our RL step (`train.rl_step`: generate / score (syntax reward) / train), training tokens/s of
+- our RL step (`train.step.rl_step`: generate / score (syntax reward) / train), training tokens/s of
   one forward+backward of our loss and its ratio to the measured matmul FLOP/s (6 x params
   FLOPs per token), MLX peak memory and process RSS;
 - mlx-lm-lora 5.10.2's GRPO step (`train_grpo`) on the same model, prompts, P, G, max tokens and
@@ -24,7 +24,8 @@ What it measures (BENCHMARKS.md explains each figure and has the latest results)
   rollout with the LoRA adapters fused for decoding vs not, and in mlx-lm's `BatchGenerator`;
 - on the Qwen2.5-0.5B shape: peak memory with the KL reference on and off.
 
-Models are random-weight Qwen2s built locally (`mlx_rlaif.randmodel`, cached in .bench/models).
+Models are random-weight Qwen2s built locally (`mlx_rlaif.testing.randmodel`, cached in
+.bench/models).
 Every completion is forced to the full token budget: the tokenizer's EOS is set to the id
 `vocab_size`, which the model can never sample (both sides, same trick). Each measurement runs in
 its own child process (this file with `--worker KIND`), so peak memory is per measurement and the
@@ -68,7 +69,7 @@ PROMPTS = [
 def fast_env(threads: int | None = None) -> dict[str, str]:
     """Our environment with the system OpenBLAS preloaded (as the CLI does)."""
     sys.path.insert(0, str(ROOT))
-    from mlx_rlaif.blas import fast_blas_env
+    from mlx_rlaif.cpu.blas import fast_blas_env
 
     env = fast_blas_env(_plain_env())
     if env is None:
@@ -81,7 +82,7 @@ def fast_env(threads: int | None = None) -> dict[str, str]:
 
 def _plain_env() -> dict[str, str]:
     sys.path.insert(0, str(ROOT))
-    from mlx_rlaif.blas import without_fast_blas
+    from mlx_rlaif.cpu.blas import without_fast_blas
 
     return without_fast_blas()
 
@@ -225,7 +226,7 @@ def machine() -> dict:
     from importlib.metadata import version
 
     sys.path.insert(0, str(ROOT))
-    from mlx_rlaif.blas import find_fast_blas
+    from mlx_rlaif.cpu.blas import find_fast_blas
 
     return {"platform": platform.platform(), "cpus": os.cpu_count(),
             "python": sys.version.split()[0], "mlx": version("mlx"), "mlx_lm": version("mlx-lm"),
@@ -379,7 +380,7 @@ def worker(kind: str, spec: dict) -> int:
 
 
 def w_build(spec: dict) -> dict:
-    from mlx_rlaif.randmodel import make_model_dir
+    from mlx_rlaif.testing.randmodel import make_model_dir
 
     for shape, path in spec["paths"].items():
         make_model_dir(path, shape, seed=0)
@@ -428,8 +429,9 @@ def w_rollout(spec: dict) -> dict:
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
 
-    from mlx_rlaif.backends.mlx import load_policy
-    from mlx_rlaif.rollout import SamplingParams, generate
+    from mlx_rlaif.backends.mlx.policy import load_policy
+    from mlx_rlaif.backends.mlx.rollout import generate
+    from mlx_rlaif.backends.sampling import SamplingParams
 
     policy = load_policy(spec["model"])
     model, tok = policy.model, policy.tokenizer
@@ -487,27 +489,28 @@ _OURS_KEYS = (("step_s", "time/step"), ("generate_s", "time/generate"),
 
 
 class Ours:
-    """Our `train.rl_step` on a `Run` built as `train.train` builds it (syntax reward)."""
+    """Our `train.step.rl_step` on a `Run` built as `train.train` builds it (syntax reward)."""
 
     def __init__(self, spec: dict) -> None:
-        from mlx_rlaif.backends.mlx import load_policy
-        from mlx_rlaif.checkpoint import LoopState
+        from mlx_rlaif.artifacts.checkpoint import LoopState
+        from mlx_rlaif.backends.ops import mlx_ops
+        from mlx_rlaif.backends.sampling import prompt_formatter
         from mlx_rlaif.records import Task
         from mlx_rlaif.rewards.base import SyntaxReward
-        from mlx_rlaif.rollout import prompt_formatter
-        from mlx_rlaif.train import Run, make_optimizer
+        from mlx_rlaif.train.run import Run
 
         cfg = _rl_config(spec, tempfile.mkdtemp(prefix="bench-run-"))
-        policy = load_policy(spec["model"], cfg.lora, seed=0)
+        ops = mlx_ops()
+        policy = ops.load(cfg)
         _force_length(policy.tokenizer, policy.model)
-        self.run = Run(cfg, policy, SyntaxReward(), make_optimizer(cfg, 1000),
-                       Path(cfg.training.output_dir), LoopState(kl_coef=spec["kl"]),
+        self.run = Run(cfg, ops, policy, ops.optimizer(policy, cfg, 1000), SyntaxReward(),
+                       Path(cfg.training.output_dir), LoopState(kl_penalty=spec["kl"]),
                        prompt_formatter(policy.tokenizer, cfg.model))
         self.tasks = [Task(f"t{i}", p) for i, p in enumerate(spec["prompts"])]
         self.t: dict[str, list] = {k: [] for k, _ in (*_OURS_KEYS, ("reference_pass", ""))}
 
     def train(self, iters: int) -> None:
-        from mlx_rlaif.train import rl_step
+        from mlx_rlaif.train.step import rl_step
 
         for _ in range(iters):
             m, _ = rl_step(self.run, self.tasks)
@@ -516,13 +519,13 @@ class Ours:
             self.t["reference_pass"].append("kl/mean" in m)  # the LoRA-off forward ran
 
     def results(self, skip: int) -> dict:
-        from mlx_rlaif.batch import _round_up
+        from mlx_rlaif.backends.batch import round_up
 
         out: dict[str, Any] = {k: v[skip:] for k, v in self.t.items()}
         prompts = [len(self.run.format(t)) for t in self.tasks]
         G = self.run.cfg.generation.num_samples_per_prompt
         # positions the training forward runs: each prompt once, then its G completions
-        width = _round_up(int(max(self.t["completion_len"])), 8)
+        width = round_up(int(max(self.t["completion_len"])), 8)
         positions = sum(p - 1 for p in prompts) + len(prompts) * G * width
         out.update(prompt_tokens=prompts, train_positions=positions,
                    params=sum(v.size for v in _leaves(self.run.policy.model.parameters())))
@@ -554,25 +557,23 @@ def _train_throughput(run: Any, tasks: list, reps: int) -> dict:
     import mlx.core as mx
     import numpy as np
 
-    from mlx_rlaif import batch as batching
-    from mlx_rlaif.cpu_kernels import training_fast_paths
-    from mlx_rlaif.rollout import sample
-    from mlx_rlaif.train import _sampling, reference_logprobs
-    from mlx_rlaif.update import build, grad_fn, micro_batches
+    from mlx_rlaif.algo.aggregation import aggregation_weights
+    from mlx_rlaif.backends.mlx.update import build, grad_fn, micro_batches, reference_logprobs
+    from mlx_rlaif.cpu.kernels import training_fast_paths
 
     cfg, model = run.cfg, run.policy.model
-    rollouts, _ = sample(model, run.policy.tokenizer, tasks, _sampling(cfg),
-                         cfg.generation.num_samples_per_prompt, run.format)
-    ref = reference_logprobs(model, rollouts, cfg) if run.state.kl_coef > 0 else None
-    w = batching.aggregation_weights([len(r.tokens) for r in rollouts], "token", 0)
+    rollouts, _ = run.sample(tasks, None)
+    ref = reference_logprobs(model, rollouts, cfg) if run.state.kl_penalty > 0 else None
+    w = aggregation_weights([len(r.tokens) for r in rollouts], "token", 0)
     adv = np.linspace(-1, 1, len(rollouts))
     mbs = [build(rollouts, rows, adv, w, ref, shared)
            for rows, shared in micro_batches(model, rollouts, cfg)]
-    grad, kl_coef = grad_fn(model, cfg), mx.array(run.state.kl_coef)  # compiled, as update runs it
+    # compiled, as update runs it
+    grad, penalty = grad_fn(model, cfg), mx.array(run.state.kl_penalty)
 
     def fwd_bwd() -> None:
         with training_fast_paths(model):
-            mx.eval([grad(mb, kl_coef) for mb in mbs])
+            mx.eval([grad(mb, penalty) for mb in mbs])
 
     fwd_bwd()
     times = []
@@ -607,25 +608,27 @@ def w_micro(spec: dict) -> dict:
     import mlx.nn as nn
     import numpy as np
 
-    from mlx_rlaif import batch as batching
-    from mlx_rlaif import losses
-    from mlx_rlaif.blas import openblas_thread_fns
-    from mlx_rlaif.cpu_kernels import fast_cpu_kernels
-    from mlx_rlaif.rollout import sample
-    from mlx_rlaif.train import _sampling, reference_logprobs
-    from mlx_rlaif.update import grad_fn
+    from mlx_rlaif.algo.aggregation import aggregation_weights
+    from mlx_rlaif.backends import batch as batching
+    from mlx_rlaif.backends.mlx import loss as losses
+    from mlx_rlaif.backends.mlx.rollout import sample
+    from mlx_rlaif.backends.mlx.update import grad_fn, reference_logprobs
+    from mlx_rlaif.cpu.blas import openblas_thread_fns
+    from mlx_rlaif.cpu.kernels import fast_cpu_kernels
+
+    def as_mx(arrays: dict) -> dict:
+        return {k: mx.array(v) for k, v in arrays.items()}
 
     ours = Ours(spec)
     run, cfg = ours.run, ours.run.cfg
     model = run.policy.model
-    rollouts, _ = sample(model, run.policy.tokenizer, ours.tasks, _sampling(cfg),
-                         cfg.generation.num_samples_per_prompt, run.format)
+    rollouts, _ = run.sample(ours.tasks, None)
     ref = reference_logprobs(model, rollouts, cfg)
-    w = batching.aggregation_weights([len(r.tokens) for r in rollouts], "token", 0)
+    w = aggregation_weights([len(r.tokens) for r in rollouts], "token", 0)
     adv = np.linspace(-1, 1, len(rollouts))
-    mbs = {p: batching.build(rollouts, adv, w, ref, pad_to=p) for p in (32, 8)}
-    shared = batching.build_shared(rollouts, adv, w, ref)
-    vg = nn.value_and_grad(model, partial(losses.rl_loss, rl=cfg.rl, kl_coef=0.02,
+    mbs = {p: as_mx(batching.build(rollouts, adv, w, ref, pad_to=p)) for p in (32, 8)}
+    shared = as_mx(batching.build_shared(rollouts, adv, w, ref))
+    vg = nn.value_and_grad(model, partial(losses.rl_loss, rl=cfg.rl, kl_penalty=0.02,
                                           temperature=1.0))
     state = [model.state]
     compiled = mx.compile(lambda mb: vg(model, mb), inputs=state, outputs=state)
@@ -655,14 +658,14 @@ def w_micro(spec: dict) -> dict:
             return grad(shared, kl)
 
     def rollout(fuse_mb: int) -> Any:
-        params = replace(_sampling(cfg), fuse_lora_max_mb=fuse_mb)
+        params = replace(run.sampling, fuse_lora_max_mb=fuse_mb)
         sample(model, run.policy.tokenizer, ours.tasks, params,
                cfg.generation.num_samples_per_prompt, run.format)
         return mx.array(0)
 
     def rollout_batch_generator() -> Any:
         _batch_generator_rollout(model, [run.format(t) for t in ours.tasks],
-                                 cfg.generation.num_samples_per_prompt, _sampling(cfg),
+                                 cfg.generation.num_samples_per_prompt, run.sampling,
                                  sorted(run.policy.tokenizer.eos_token_ids))
         return mx.array(0)
 
@@ -704,9 +707,9 @@ def _batch_generator_rollout(model: Any, prompts: list, G: int, params: Any, eos
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_sampler
 
-    from mlx_rlaif.backends.mlx import lora_fused
-    from mlx_rlaif.cpu_kernels import decode_rope, fast_cpu_kernels
-    from mlx_rlaif.rollout import _prefill
+    from mlx_rlaif.backends.mlx.policy import lora_fused
+    from mlx_rlaif.backends.mlx.rollout import prefill
+    from mlx_rlaif.cpu.kernels import decode_rope, fast_cpu_kernels
 
     n = 0
     with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model), \
@@ -714,7 +717,7 @@ def _batch_generator_rollout(model: Any, prompts: list, G: int, params: Any, eos
         gen = BatchGenerator(model, max_tokens=params.max_new_tokens,
                              stop_tokens=[[int(e)] for e in eos],
                              sampler=make_sampler(params.temperature))
-        caches = [_prefill(model, p) for p in prompts]
+        caches = [prefill(model, p) for p in prompts]
         gen.insert([[p[-1]] for p in prompts for _ in range(G)],
                    caches=[c for c in caches for _ in range(G)],
                    all_tokens=[list(p[:-1]) for p in prompts for _ in range(G)])
@@ -727,7 +730,7 @@ def _batch_generator_rollout(model: Any, prompts: list, G: int, params: Any, eos
 
 
 def _mx_exp_logprobs(logits: Any, targets: Any, temperature: float) -> tuple:
-    """rl_loss's formulation before this benchmark (backends.mlx.token_logprobs with entropy):
+    """rl_loss's formulation before this benchmark (backends.mlx.loss.token_logprobs):
     mx.logsumexp, then mx.exp again for the entropy."""
     import mlx.core as mx
 

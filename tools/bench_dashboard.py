@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mlx_rlaif.randmodel import make_model_dir
+from mlx_rlaif.testing.randmodel import make_model_dir
 
 
 def _tasks(path: Path, n: int = 16) -> Path:

@@ -1,6 +1,6 @@
 """Generate the shipped synthetic task suite (train and eval splits) from a fixed seed.
 
-Usage: python tools/make_suite.py [--seed 0] [--out mlx_rlaif/suites] [--no-check]
+Usage: python tools/make_suite.py [--seed 0] [--out mlx_rlaif/data/suites] [--no-check]
 
 Each task is an instance of a *family* (add a constant, filter a list, reverse a string, ...):
 a phrasing template, a function name and constants drawn with a seeded RNG. A Python task's
@@ -570,7 +570,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=SEED)
-    ap.add_argument("--out", type=Path, default=Path("mlx_rlaif/suites"))
+    ap.add_argument("--out", type=Path, default=Path("mlx_rlaif/data/suites"))
     ap.add_argument("--no-check", action="store_true", help="skip running canonical solutions")
     args = ap.parse_args(argv)
     train, evals = build(args.seed)

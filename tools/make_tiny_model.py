@@ -289,7 +289,7 @@ def build(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     from mlx.utils import tree_flatten
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from mlx_rlaif.suites import load_suite
+    from mlx_rlaif.data.suites import load_suite
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(args.seed)
@@ -338,19 +338,20 @@ def build(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 def evaluate(model_dir: Path, n: int, seed: int) -> dict[str, Any]:
     """pass@k on synthetic-eval through the trainer's own path (`mlx-rlaif eval`: prompts in the
     chat template, the sandboxed exec reward), overall and per language."""
-    from mlx_rlaif.backends.mlx import load_policy
+    from mlx_rlaif.backends.mlx.policy import load_policy
+    from mlx_rlaif.backends.ops import mlx_ops
     from mlx_rlaif.config import load
     from mlx_rlaif.data import load_tasks
-    from mlx_rlaif.evaluate import evaluate_tasks, summarize
     from mlx_rlaif.rewards.build import build_reward
+    from mlx_rlaif.train.evaluate import evaluate_tasks, summarize
 
     cfg = load(None, [f"generation.max_new_tokens={EVAL_MAX_TOKENS}"])
     tasks = load_tasks("suite:synthetic-eval")
     reward_fn = build_reward(cfg, languages={t.language for t in tasks})
     policy = load_policy(str(model_dir), cfg.lora, None, seed)
     try:
-        res = evaluate_tasks(policy, tasks, reward_fn, cfg, n=n, ks=(1, 4, n), seed=seed,
-                             temperature=EVAL_TEMPERATURE)
+        res = evaluate_tasks(mlx_ops().sample, policy, tasks, reward_fn, cfg, n=n, ks=(1, 4, n),
+                             seed=seed, temperature=EVAL_TEMPERATURE)
     finally:
         reward_fn.close()
     rows = res.pop("tasks")
@@ -390,7 +391,7 @@ Load it like any Hugging Face model: `mlx_lm.load("models/tiny-coder")`.
 2. Pretraining corpus: {f['corpus_files']} files ({f['corpus_bytes'] / 1e6:.1f} MB,
    {f['corpus_tokens']:,} tokens) of the Python standard library found locally
    (`{f['corpus_root']}`; tests, `encodings`, `idlelib`, `tkinter`, ... left out).
-3. Supervised data: `synthetic-train` (`mlx_rlaif/suites/`) plus {f['drawn_tasks']:,} Python tasks
+3. Supervised data: `synthetic-train` (`mlx_rlaif/data/suites/`) plus {f['drawn_tasks']:,} Python tasks
    drawn from the same generator with the train split's function names and phrasings only (no
    eval prompt can occur): {f['sft_examples']:,} examples. Chat format: user = the task prompt (for
    Python a HumanEval-style stub: signature, constants as keyword parameters, docstring),

@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..export import check_out_dir
+    from ..artifacts.atomic import check_out_dir
 
     out = check_out_dir(args.mlx_path, "--mlx-path")
     src = Path(args.hf_path).expanduser()
@@ -61,7 +61,7 @@ def convert_model(hf_path: str, out: Path, quantize: bool, bits: int | None,
     """mlx_lm.convert into a temporary directory, renamed to `out` when it succeeded."""
     from mlx_lm.convert import convert
 
-    from ..export import atomic_dir
+    from ..artifacts.atomic import atomic_dir
 
     with console.status(f"loading {hf_path}") as status, atomic_dir(out) as tmp:
         lines = StatusWriter(lambda line: status.update(line.replace("[INFO] ", "")))

@@ -40,10 +40,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..backends.mlx import load_policy
+    from ..backends.mlx.policy import load_policy
+    from ..backends.ops import mlx_ops
     from ..data import load_tasks
-    from ..evaluate import evaluate_tasks
     from ..rewards.build import build_reward
+    from ..train.evaluate import evaluate_tasks
 
     if args.n < 1:
         raise UsageError("-n must be at least 1")
@@ -58,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     temp = args.temperature if args.temperature is not None else (0.7 if args.n > 1 else 0.2)
     ks = sorted({1, args.n} | {k for k in (5, 10, 100) if k <= args.n})
     try:
-        res = evaluate_tasks(policy, tasks, reward_fn, cfg, n=args.n, ks=ks, seed=args.seed,
-                             temperature=temp, out=args.out)
+        res = evaluate_tasks(mlx_ops().sample, policy, tasks, reward_fn, cfg, n=args.n, ks=ks,
+                             seed=args.seed, temperature=temp, out=args.out)
     finally:
         reward_fn.close()
     table = Table(title=f"{args.suite}: {res['n_tasks']} tasks x {args.n} samples, T={temp}")

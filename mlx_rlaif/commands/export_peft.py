@@ -1,7 +1,7 @@
 """`mlx-rlaif export-peft`: a run's LoRA adapters in Hugging Face PEFT format
 (`adapter_model.safetensors` + `adapter_config.json`), for transformers/peft and vLLM.
 
-A pure renaming and transposition of the adapter tensors (see mlx_rlaif/export.py): the base
+A pure renaming and transposition of the adapter tensors (see mlx_rlaif/artifacts/peft.py): the base
 model is not loaded.
 """
 
@@ -27,10 +27,10 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from .. import export
+    from ..artifacts import peft
 
-    out = export.export_peft(args.path, args.out, args.base_name)
-    cfg = json.loads((out / export.PEFT_CONFIG).read_text())
+    out = peft.export_peft(args.path, args.out, args.base_name)
+    cfg = json.loads((out / peft.PEFT_CONFIG).read_text())
     Console(stderr=True).print(
         f"[green]exported[/] PEFT adapter -> {out} (r={cfg['r']}, lora_alpha={cfg['lora_alpha']}, "
         f"target_modules={','.join(cfg['target_modules'])}, base {cfg['base_model_name_or_path']})")

@@ -3,7 +3,7 @@
 
 The output keeps the base's precision unless --dequantize (float) or --quantize BITS says
 otherwise; adapters are always folded into dequantized weights, and a quantized result that would
-lose the adapter in rounding is refused (see mlx_rlaif/export.py).
+lose the adapter in rounding is refused (see mlx_rlaif/artifacts/fuse.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from .. import checkpoint
+from ..artifacts import checkpoint
 from ..errors import UsageError
 from .convert import StatusWriter
 
@@ -39,24 +39,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .. import export
+    from ..artifacts import atomic, fuse
 
-    out = export.check_out_dir(args.out)
+    out = atomic.check_out_dir(args.out)
     if args.q_group_size and not args.quantize:
         raise UsageError("--q-group-size needs --quantize 4|8: add --quantize")
     adapter_dir = checkpoint.resolve(args.path)
-    base = export.base_model_of(adapter_dir, args.model)
-    min_corr = export.MIN_CORRELATION if args.min_adapter_corr is None else args.min_adapter_corr
+    base = checkpoint.base_model_of(adapter_dir, args.model)
+    min_corr = fuse.MIN_CORRELATION if args.min_adapter_corr is None else args.min_adapter_corr
     console = Console(stderr=True)
     with console.status(f"loading {base} + {adapter_dir.name}") as status:
-        model, tokenizer, config = export.load_with_adapters(base, adapter_dir)
-        q = export.quantization_for(model, config, args.quantize, args.dequantize,
-                                    args.q_group_size)
+        model, tokenizer, config = fuse.load_with_adapters(base, adapter_dir)
+        q = fuse.quantization_for(model, config, args.quantize, args.dequantize,
+                                  args.q_group_size)
         status.update("fusing" + (f" and quantizing to {q.bits} bits" if q.bits else ""))
         with contextlib.redirect_stdout(StatusWriter(status.update)):  # mlx-lm's [INFO] lines
-            fused, cfg, corr = export.fuse(model, config, q, min_corr)
+            fused, cfg, corr = fuse.fuse(model, config, q, min_corr)
         status.update(f"writing {out}")
-        export.save_model_dir(out, fused, tokenizer, cfg, base)
+        fuse.save_model_dir(out, fused, tokenizer, cfg, base)
     precision = f"{q.bits}-bit" if q.bits else "float"
     kept = "adapters are zero" if corr is None else f"adapter correlation {corr:.3f}"
     console.print(f"[green]fused[/] {adapter_dir} into {base} -> {out} ({precision}, {kept})")

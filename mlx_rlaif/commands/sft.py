@@ -20,8 +20,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from .. import checkpoint
-    from ..sft import load_config, sft
+    from ..artifacts import checkpoint
+    from ..train.sft import load_config, sft
 
     cfg = load_config(args.config, args.overrides)
     console = Console(stderr=True)

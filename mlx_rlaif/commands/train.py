@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import checkpoint
+from ..artifacts import checkpoint
 from ..config import load
 from ..errors import UsageError
 

@@ -126,7 +126,8 @@ def generate_and_score(label: str, policy: Any, tasks: list, reward_fn: Any, cfg
     """One model's completions for `tasks`, scored, with its generation speed."""
     import mlx.core as mx
 
-    from ..rollout import prompt_formatter, sample
+    from ..backends.mlx.rollout import sample
+    from ..backends.sampling import prompt_formatter
 
     mx.random.seed(seed)
     rollouts, stats = sample(policy.model, policy.tokenizer, tasks, params, group_size,
@@ -148,9 +149,9 @@ def generate_and_score(label: str, policy: Any, tasks: list, reward_fn: Any, cfg
 
 def load_side(path: str, base_override: str | None, cfg: Any, seed: int) -> tuple[Any, str]:
     """(policy, description): a plain model directory or hub id, or base + adapters."""
-    from .. import checkpoint
-    from ..backends.mlx import load_policy
-    from ..export import base_model_of
+    from ..artifacts import checkpoint
+    from ..artifacts.checkpoint import base_model_of
+    from ..backends.mlx.policy import load_policy
 
     p = Path(path)
     if not p.exists() or (p / "config.json").is_file():
@@ -181,9 +182,9 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def validate(args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    from ..backends.sampling import SamplingParams
     from ..data import load_tasks
     from ..rewards.build import build_reward
-    from ..rollout import SamplingParams
 
     if args.max_samples < 0 or args.samples_per_prompt < 1 or args.temperature < 0:
         raise UsageError("-n must be >= 0, --samples-per-prompt >= 1 and --temperature >= 0")

@@ -111,7 +111,7 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
         ("Trend", f"[cyan]{sparkline(list(s.rewards))}[/]"),
         (
             "KL",
-            f"{fmt(m.get('kl/mean'), '.4g')} (coef {fmt(m.get('kl/coef'), '.3g')}, "
+            f"{fmt(m.get('kl/mean'), '.4g')} (penalty {fmt(m.get('kl/penalty'), '.3g')}, "
             f"sampler-trainer {fmt(m.get('kl/sample_train'), '.2g')})",
         ),
         (

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from ..code import extract_code
 from ..errors import RlaifError, UsageError
+from ..records import extract_code
 from .jsonl import JsonlWriter, atomic_write, dumps, read_jsonl
 from .stats import finite
 

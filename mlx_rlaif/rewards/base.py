@@ -11,8 +11,7 @@ import ast
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from ..code import extract_code
-from ..records import Reward, Task
+from ..records import Reward, Task, extract_code
 
 
 @runtime_checkable

@@ -1,0 +1,94 @@
+"""Advantages per sequence from rewards, grouped by task id.
+
+    grpo       A_i = r_i - mean(r_group)
+    rloo       A_i = r_i - mean(r_group without i)
+    reinforce  A_i = r_i - b, b a running mean of batch rewards (EMA, decay d)
+
+then optionally divided by the group's std (`scale: group`), the batch's std (`batch`) or nothing
+(`none`, Dr. GRPO), and optionally whitened over the batch. Stds are population stds (ddof=0)
+plus 1e-6. A `None` reward (unscorable) is left out of every mean and std and gets advantage 0,
+and its sequence is left out of the loss. A group whose valid rewards are all equal (or has
+fewer than two) has zero std: it is counted (`reward/frac_zero_std`) and, by default, left out
+of the loss.
+
+Not covered: per-token advantages (GAE needs a value model), tree rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..records import group_indices
+
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Advantages:
+    values: np.ndarray  # [N] float64
+    keep: np.ndarray  # [N] bool: sequence enters the loss
+    zero_std: np.ndarray  # [N] bool: sequence belongs to a zero-variance group
+    valid: np.ndarray  # [N] bool: reward is not None
+    baseline: float | None  # the reinforce running baseline after this batch
+
+    @property
+    def frac_zero_std(self) -> float:
+        return float(self.zero_std.mean()) if len(self.zero_std) else 0.0
+
+
+def _as_array(rewards: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
+    valid = np.array([r is not None for r in rewards], dtype=bool)
+    r = np.array([0.0 if x is None else float(x) for x in rewards], dtype=np.float64)
+    return r, valid
+
+
+def compute(rewards: Sequence[float | None], task_ids: Sequence[str], kind: str = "grpo",
+            scale: str = "group", whiten: bool = False, drop_zero_std: bool = True,
+            baseline: float | None = None, decay: float = 0.9) -> Advantages:
+    r, valid = _as_array(rewards)
+    adv = np.zeros_like(r)
+    zero = np.zeros_like(valid)
+    new_baseline = baseline
+    groups = [np.array(ix) for ix in group_indices(task_ids).values()]
+    for ix in groups:
+        v = ix[valid[ix]]
+        if len(v) < 2 or np.ptp(r[v]) == 0:
+            zero[ix] = True
+    if kind == "reinforce":
+        batch_mean = float(r[valid].mean()) if valid.any() else None
+        b = batch_mean if baseline is None else baseline
+        if b is not None:
+            adv[valid] = r[valid] - b
+        if batch_mean is not None:
+            new_baseline = batch_mean if baseline is None else decay * baseline + (
+                1 - decay) * batch_mean
+    else:
+        for ix in groups:
+            v = ix[valid[ix]]
+            if len(v) >= 2:
+                adv[v] = _centered(r[v], kind)
+    if scale == "group":
+        for ix in groups:
+            v = ix[valid[ix]]
+            if len(v) >= 2:
+                adv[v] /= r[v].std() + EPS
+    elif scale == "batch" and valid.sum() >= 2:
+        adv[valid] /= r[valid].std() + EPS
+    # reinforce's baseline is not the group's, so an equal-reward group still carries signal
+    drop = drop_zero_std and kind != "reinforce"
+    keep = valid & ~zero if drop else valid.copy()
+    adv[~valid] = 0.0
+    if whiten and keep.sum() >= 2:
+        a = adv[keep]
+        adv[keep] = (a - a.mean()) / (a.std() + EPS)
+    return Advantages(adv, keep, zero, valid, new_baseline)
+
+
+def _centered(r: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "rloo":
+        n = len(r)
+        return r - (r.sum() - r) / (n - 1)
+    return r - r.mean()

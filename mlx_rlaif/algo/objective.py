@@ -1,0 +1,68 @@
+"""The RL objective, as pure array functions. Shapes: N sequences, T target positions.
+
+Per token t of a kept completion (ratio = exp(logp - old_logp), old = the sampler's log-probs):
+
+    pg_t  = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))
+    kl_t  = k(logp, ref_logp)            k1 = logp - ref, k2 = (logp - ref)^2 / 2,
+                                         k3 = exp(ref - logp) - (ref - logp) - 1
+    l_t   = pg_t + kl_penalty * kl_t - entropy_coef * H_t
+    loss  = sum_t w_t * l_t
+
+The weights w_t (aggregation.py) carry the aggregation and its divisor, computed once over the
+whole rollout batch, so summing micro-batch losses gives the same gradient for any micro-batch
+size.
+
+Every function takes the array library as `xp` (mlx.core by default; torch for the torch
+backend), so both backends optimise the same formulas. The log-probs come from the backends
+(`backends/mlx/loss.py`, `backends/torch/update.py`).
+
+Not covered: value losses, sequence-level importance ratios (GSPO).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+
+def kl_estimate(logp: Any, ref_logp: Any, kind: str, xp: Any = mx) -> Any:
+    """Per-token estimate of KL(policy || ref) from samples of the policy. `xp`: the array
+    library (mlx.core; torch for the torch backend)."""
+    d = ref_logp - logp
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * d * d
+    return xp.exp(d) - d - 1.0
+
+
+def clipped_surrogate(logp: Any, old_logp: Any, adv: Any, clip_low: float, clip_high: float,
+                      xp: Any = mx) -> tuple[Any, Any, Any]:
+    """Per-token PPO loss, the ratio, and where clipping was active. adv: [N] -> broadcast.
+    `xp`: the array library (mlx.core; torch for the torch backend)."""
+    ratio = xp.exp(logp - old_logp)
+    a = adv[:, None]
+    unclipped = -a * ratio
+    clipped = -a * xp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return xp.maximum(unclipped, clipped), ratio, (clipped > unclipped)
+
+
+def objective(logp: Any, entropy: Any, mb: dict[str, Any], rl: Any, kl_penalty: Any,
+              xp: Any = mx) -> tuple[Any, dict[str, Any]]:
+    """The loss and aux sums of one micro-batch from the policy's log-probs and entropies
+    [N, T] of its targets. `xp`: the array library (mlx.core; torch for the torch backend)."""
+    mask, w, old = mb["mask"], mb["weights"], mb["old_logp"]
+    pg, ratio, clipped = clipped_surrogate(logp, old, mb["adv"], rl.clip_low, rl.clip_high, xp)
+    per_token = pg - rl.entropy_coef * entropy
+    aux = {"tokens": mask.sum(), "pg": (pg * w).sum(), "entropy": (entropy * mask).sum(),
+           "clipped": (clipped * mask).sum(), "ratio": (ratio * mask).sum(),
+           "approx_kl": (0.5 * (logp - old) ** 2 * mask).sum()}
+    if "ref_logp" in mb:
+        kl = kl_estimate(logp, mb["ref_logp"], rl.kl_estimator, xp)
+        per_token = per_token + kl_penalty * kl
+        aux["kl_loss"] = (kl * w).sum()
+        aux["kl"] = ((logp - mb["ref_logp"]) * mask).sum()
+    loss = (per_token * w).sum()
+    aux["loss"] = loss
+    return loss, aux

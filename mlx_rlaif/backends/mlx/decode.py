@@ -1,0 +1,158 @@
+"""The batched decode loop of the MLX rollouts: rows decode together over a merged mlx-lm cache.
+
+`decode(model, cache, first, max_tokens, pick, eos)` runs one model call per step for every row
+still decoding; the next step is queued (`mx.async_eval`) before the current one is read, so
+building a step's graph overlaps the previous step's compute. A row that samples an EOS id stops
+("stop", the EOS kept), the others stop after `max_tokens` ("length"); finished rows are filtered
+out of the cache (mlx-lm's `filter`), so the width shrinks as rows end.
+
+`picker(temperature, top_p, top_k)` gives the per-step sampler: the token of each row and its
+log-probability at the sampling temperature over the full distribution (before top-p/top-k
+truncation). Plain temperature sampling draws by inverting the cumulative distribution after one
+exponential pass over the vocabulary, one compiled kernel (on MLX's CPU backend, behind the
+`cpu` gate, the exponential is `cpu.kernels.sampler_exp`, vectorized); top-p and top-k take
+mlx-lm's sampler; temperature 0 is greedy, with log-probs at temperature 1.
+
+Why not mlx-lm's `BatchGenerator`: it takes a `logsumexp` and its sampler a Gumbel draw (three
+vocabulary-sized transcendental passes a step, ~20% of a decode step of a small model on MLX's
+CPU backend), and its continuous batching is not needed when all rows start together
+(BENCHMARKS.md has the A/B). The caches, their merging and filtering are mlx-lm's.
+
+Not covered: stop strings, logits processors, rows joining a running batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.sample_utils import make_sampler
+
+from ... import cpu
+from ...cpu.kernels import sampler_exp
+from .loss import exp
+
+Pick = Callable[[mx.array], tuple[mx.array, mx.array]]
+
+
+@dataclass
+class Decoded:
+    """Per row: tokens, their sampler log-probs, why it stopped; and the width of each step."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finish: list[str]
+    widths: list[int] = field(default_factory=list)
+
+
+def picker(temperature: float, top_p: float = 1.0, top_k: int = 0) -> Pick:
+    """logits [B, V] -> (tokens [B], log-probs [B] at `temperature`, full distribution)."""
+    scale = 1.0 / temperature if temperature > 0 else 1.0
+    samplers: dict[int, Any] = {}
+
+    def truncating(vocab: int) -> Any:
+        """mlx-lm's sampler where top-p / top-k truncate (a top-k of the whole vocabulary does
+        not), else None."""
+        if vocab not in samplers:
+            k = top_k if top_k < vocab else 0
+            samplers[vocab] = make_sampler(temperature, top_p=top_p if top_p < 1 else 0.0,
+                                           top_k=k) if temperature > 0 and (top_p < 1 or k) \
+                else None
+        return samplers[vocab]
+
+    def pick(logits: mx.array) -> tuple[mx.array, mx.array]:
+        sampler = truncating(logits.shape[-1])
+        if temperature > 0 and sampler is None:  # plain temperature sampling: one kernel
+            u = mx.random.uniform(shape=(logits.shape[0], 1))
+            return (_draw_cpu if cpu.active() else _draw)(logits, u, scale)
+        z, cdf = _cdf(logits, scale, exp)
+        if sampler is not None:  # takes log-probs at temperature 1
+            tok = sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        else:
+            tok = mx.argmax(z, axis=-1)
+        return _with_logp(tok, z, cdf)
+
+    return pick
+
+
+def _cdf(logits: mx.array, scale: float, exp: Callable[[mx.array], mx.array]
+         ) -> tuple[mx.array, mx.array]:
+    """(logits * scale minus their max, the running sums of its exponentials) per row."""
+    z = logits.astype(mx.float32)
+    z = z * scale if scale != 1.0 else z
+    z = z - z.max(axis=-1, keepdims=True)
+    return z, mx.cumsum(exp(z), axis=-1)
+
+
+def _with_logp(tok: mx.array, z: mx.array, cdf: mx.array) -> tuple[mx.array, mx.array]:
+    tok = tok.astype(mx.uint32)
+    return tok, mx.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - mx.log(cdf[:, -1])
+
+
+def _inverse_cdf(logits: mx.array, u: mx.array, scale: float,
+                 exp: Callable[[mx.array], mx.array]) -> tuple[mx.array, mx.array]:
+    """The token whose cumulative probability first exceeds u [B, 1] (uniform in [0, 1)), and
+    its log-prob."""
+    z, cdf = _cdf(logits, scale, exp)
+    tok = mx.minimum((cdf <= u * cdf[:, -1:]).sum(axis=-1), z.shape[-1] - 1)
+    return _with_logp(tok, z, cdf)
+
+
+_draw = mx.compile(partial(_inverse_cdf, exp=mx.exp))  # one trace per shape (and scale)
+_draw_cpu = mx.compile(partial(_inverse_cdf, exp=sampler_exp))
+
+
+def merged_cache(caches: list[list[Any]]) -> list[Any]:
+    """One batch cache per layer from per-row prompt caches (mlx-lm's `merge`, which copies)."""
+    return [layer[0].merge(list(layer)) for layer in zip(*caches, strict=True)]
+
+
+def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int, pick: Pick,
+           eos: Collection[int]) -> Decoded:
+    """Decode `len(first)` rows, each from its last prompt token, over `cache` (merged)."""
+    n = len(first)
+    out = Decoded([[] for _ in range(n)], [[] for _ in range(n)], ["length"] * n)
+    if max_tokens < 1:
+        return out
+    rows = list(range(n))  # the row of each batch position
+
+    def step(y: mx.array) -> tuple[mx.array, mx.array]:
+        nxt = pick(model(y[:, None], cache=cache)[:, -1])
+        mx.async_eval(*nxt)
+        return nxt
+
+    y, lp = step(mx.array(first, dtype=mx.uint32))
+    for t in range(max_tokens):
+        more = t + 1 < max_tokens
+        if more:
+            y_next, lp_next = step(y)
+        keep = _record(out, rows, y.tolist(), lp.tolist(), eos)
+        if not (more and keep):
+            break
+        if len(keep) < len(rows):
+            for c in cache:
+                c.filter(keep)
+            idx = mx.array(keep)
+            y_next, lp_next = y_next[idx], lp_next[idx]
+            rows = [rows[j] for j in keep]
+        y, lp = y_next, lp_next
+    return out
+
+
+def _record(out: Decoded, rows: list[int], toks: list[int], lps: list[float],
+            eos: Collection[int]) -> list[int]:
+    """Append a step's tokens to their rows; the batch positions still decoding."""
+    out.widths.append(len(rows))
+    keep = []
+    for j, (i, tok, lp) in enumerate(zip(rows, toks, lps, strict=True)):
+        out.tokens[i].append(tok)
+        out.logprobs[i].append(lp)
+        if tok in eos:
+            out.finish[i] = "stop"
+        else:
+            keep.append(j)
+    return keep

@@ -1,0 +1,147 @@
+"""The MLX policy: one model, LoRA adapters on it, and the frozen base as the same weights with
+the LoRA layers bypassed.
+
+Covered: any model directory or hub id mlx-lm loads (quantized included), LoRA through mlx-lm's
+tuner (rank, scale, dropout, keys, number of layers), starting from saved adapters, log-probs of
+given tokens at a temperature, and the reference pass. Not covered: DoRA, full fine-tuning,
+models whose LoRA layers are not `LoRALinear` (the reference switch only knows mlx-lm's LoRA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear
+from mlx_lm.tuner.utils import linear_to_lora_layers
+
+from ...artifacts import checkpoint
+from ...artifacts.lora import LORA_TYPES, LoraSpec, adapter_config, lora_layers, spec_of
+from ...errors import UsageError
+
+
+@dataclass
+class Policy:
+    model: nn.Module
+    tokenizer: Any
+    base_model: str
+    num_layers: int
+    lora: Any  # the LoraConfig-like object used (rank, scale, dropout, keys)
+
+
+def load_model(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, Any]:
+    """mlx-lm's loader, with a one-line error for a path that is neither a model nor a hub id."""
+    from mlx_lm import load
+
+    p = Path(path)
+    looks_local = p.exists() or path.startswith((".", "/", "~"))
+    if looks_local and not (p / "config.json").is_file():
+        raise UsageError(f"model {path}: no config.json there: pass a model directory "
+                         "(HF layout or `mlx-rlaif convert` output) or a hub id")
+    try:
+        return load(path, tokenizer_config={"trust_remote_code": trust_remote_code},
+                    trust_remote_code=trust_remote_code)
+    except Exception as e:  # hub errors, missing weights, unsupported architectures
+        raise UsageError(f"model {path} could not be loaded ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}): check the path or hub id"
+                         ) from e
+
+
+def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | None = None,
+                seed: int = 0, trust_remote_code: bool = False) -> Policy:
+    """Load the base model, freeze it and add LoRA layers (from `adapter` if given)."""
+    model, tokenizer = load_model(model_path, trust_remote_code)
+    model.freeze()
+    lora = lora_cfg or LoraSpec()
+    num_layers = getattr(lora, "num_layers", -1)
+    adapter_dir = checkpoint.resolve(adapter) if adapter else None
+    if adapter_dir is not None:
+        lora, num_layers = spec_of(checkpoint.load_adapter_config(adapter_dir))
+    n_blocks = len(model.layers)
+    num_layers = n_blocks if num_layers in (-1, None) or num_layers > n_blocks else num_layers
+    mx.random.seed(seed)
+    add_lora(model, lora, num_layers)
+    if adapter_dir is not None:
+        checkpoint.load_weights_into(model, adapter_dir)
+    model.train(False)
+    mx.eval(model.parameters())
+    return Policy(model, tokenizer, model_path, num_layers, lora)
+
+
+def add_lora(model: nn.Module, lora: Any, num_layers: int) -> None:
+    params = {"rank": lora.rank, "scale": lora.scale, "dropout": lora.dropout}
+    if lora.keys:
+        params["keys"] = list(lora.keys)
+    try:
+        linear_to_lora_layers(model, num_layers, params)
+    except ValueError as e:
+        raise UsageError(f"lora.keys: {e}: pick module keys that exist in the model") from e
+    if not lora_layers(model):
+        raise UsageError("lora.keys matched no module of the model: leave it empty to adapt every "
+                         "linear layer, or name keys like self_attn.q_proj")
+
+
+@contextlib.contextmanager
+def lora_disabled(model: nn.Module) -> Iterator[None]:
+    """The frozen base model: within the block each LoRA layer is replaced by the layer it wraps
+    (its `linear` or `embedding`), and put back on exit.
+
+    That computes base(x) exactly, with no second copy of the weights for the KL reference, and
+    skips the adapters' products (setting their scale to 0 would still compute them).
+    """
+    with _replaced(model, lambda m: isinstance(m, LORA_TYPES), _wrapped):
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(model: nn.Module, which: Any, new: Any) -> Iterator[None]:
+    """Within the block, every submodule m with `which(m)` is replaced by `new(m)`; the
+    originals are put back on exit."""
+    mods = [(n, m) for n, m in model.named_modules() if which(m)]
+    model.update_modules(tree_unflatten([(n, new(m)) for n, m in mods]))
+    try:
+        yield
+    finally:
+        model.update_modules(tree_unflatten(mods))
+
+
+def _wrapped(layer: nn.Module) -> nn.Module:
+    return layer.embedding if isinstance(layer, LoRAEmbedding) else layer.linear
+
+
+def fused_lora_bytes(model: nn.Module) -> int | None:
+    """Bytes of the weights `lora_fused` would create (None: some adapted layer is quantized, or
+    there is no `LoRALinear` to fuse)."""
+    mods = [m for _, m in lora_layers(model) if type(m) is LoRALinear]
+    if not mods or any(isinstance(m.linear, nn.QuantizedLinear) for m in mods):
+        return None
+    return sum(m.linear.weight.nbytes for m in mods)
+
+
+@contextlib.contextmanager
+def lora_fused(model: nn.Module, max_bytes: int) -> Iterator[bool]:
+    """Within the block, each `LoRALinear` is replaced by a plain layer with the weight
+    W + scale * (A B)^T (mlx-lm's `fuse`), when those new weights take at most `max_bytes`;
+    the adapters are put back on exit. Yields whether it fused.
+
+    For decoding small models: one matrix product per layer instead of three (and two
+    element-wise ops), which is most of a step's cost when a few rows are decoded at a time.
+    The copies cost memory, so quantized layers are never fused (that would re-quantize) and
+    the threshold keeps large models unfused. The result equals the unfused layers' up to
+    float rounding; the LoRA weights themselves are not touched."""
+    size = fused_lora_bytes(model)
+    if size is None or size > max_bytes:
+        yield False
+        return
+    with _replaced(model, lambda m: type(m) is LoRALinear, lambda m: m.fuse()):
+        yield True
+
+
+def adapter_config_for(policy: Policy) -> dict:
+    return adapter_config(policy.lora, policy.base_model, policy.num_layers)

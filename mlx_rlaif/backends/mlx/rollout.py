@@ -1,0 +1,127 @@
+"""Rollouts: G completions for each of P prompts, all P x G decoding together.
+
+The live LoRA weights decode (no sync step; small unquantized models with the adapters fused into
+a temporary copy, `policy.lora_fused`) in `decode.decode`'s batched loop. Each prompt is
+prefilled once (`prefill_once`): its KV cache, holding all but the last prompt token, is given to
+the G members of its group, so no group member recomputes it. The P prompts are prefilled in one
+forward, left-padded, into mlx-lm's `BatchKVCache`, whose rows are then repeated for the groups
+(models with other caches, sliding windows for instance, prefill each prompt and `merge`). The
+sampler's log-probability of each sampled token is kept, at the sampling temperature over the
+full distribution (before top-p/top-k truncation), so the PPO ratio against it is real and
+extra PPO iterations need no extra forward. `completion_batch_size` splits
+the rows into batches decoded one after the other.
+
+Not covered: stop strings (only EOS token ids stop), speculative decoding, prompts longer than the
+model's context.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+from ...cpu.kernels import decode_rope, fast_cpu_kernels
+from ...records import Rollout, Task
+from ..batch import chunks
+from ..sampling import SamplingParams, prompt_formatter
+from . import shared_prompt
+from .decode import decode, merged_cache, picker
+from .policy import lora_fused
+
+
+def prefill(model: nn.Module, prompt: list[int]) -> list[Any]:
+    """A KV cache holding all but the last token of `prompt`."""
+    cache = make_prompt_cache(model)
+    if len(prompt) > 1:
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache
+
+
+def prefill_batch(model: nn.Module, prompts: Sequence[list[int]]) -> list[BatchKVCache]:
+    """One batch cache per layer holding all but the last token of each prompt, from one
+    forward of the prompts left-padded to a common length (mlx-lm's `BatchKVCache`, which
+    masks the padding and starts each row's positions at its first real token)."""
+    heads = [list(p[:-1]) for p in prompts]
+    width = max(len(h) for h in heads)
+    pad = [width - len(h) for h in heads]
+    cache = [BatchKVCache(pad) for _ in model.layers]
+    if width:
+        model(mx.array([[0] * k + h for k, h in zip(pad, heads, strict=True)]), cache=cache)
+        mx.eval([c.state[:4] for c in cache])
+    return cache
+
+
+def _rows(cache: list[BatchKVCache], rows: list[int]) -> list[BatchKVCache]:
+    """A copy of a batch cache with the given rows (repeats allowed): the decoding batch."""
+    out = []
+    for c in cache:
+        new = BatchKVCache([0] * len(rows))
+        new.state = c.state
+        new.filter(mx.array(rows))
+        out.append(new)
+    return out
+
+
+def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
+             params: SamplingParams, eos_ids: Sequence[int]) -> tuple[list[dict], dict]:
+    """Sample `group_size` completions per prompt. Returns per-sequence dicts (prompt-major order,
+    index p * G + g) with tokens, logprobs, finish_reason, and stats."""
+    n = len(prompts_P) * group_size
+    prompt_of = [i // group_size for i in range(n)]
+    pick = picker(params.temperature, params.top_p, params.top_k)
+    tic = time.perf_counter()
+    with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model), \
+            decode_rope(model):
+        batched = params.prefill_once and shared_prompt.supported(model)  # plain KV caches
+        if batched:
+            prefilled = prefill_batch(model, prompts_P)
+        elif params.prefill_once:
+            caches = [prefill(model, p) for p in prompts_P]
+            row_caches = [caches[p] for p in prompt_of]
+        else:
+            row_caches = [prefill(model, prompts_P[p]) for p in prompt_of]
+        parts = []
+        for rows in chunks(n, params.completion_batch_size):
+            cache = _rows(prefilled, prompt_of[rows]) if batched \
+                else merged_cache(row_caches[rows])
+            parts.append(decode(model, cache, [prompts_P[p][-1] for p in prompt_of[rows]],
+                                params.max_new_tokens, pick, set(eos_ids)))
+    seconds = time.perf_counter() - tic
+    seqs = [{"tokens": t, "logprobs": lp, "finish_reason": f} for d in parts
+            for t, lp, f in zip(d.tokens, d.logprobs, d.finish, strict=True)]
+    widths = [w for d in parts for w in d.widths]
+    ntok = sum(len(s["tokens"]) for s in seqs)
+    stats = {
+        "gen/tokens": float(ntok),
+        "gen/seconds": seconds,
+        "gen/tokens_per_sec": ntok / seconds if seconds > 0 else 0.0,
+        "gen/decode_width": float(max(widths, default=0)),
+        "gen/decode_width_mean": sum(widths) / len(widths) if widths else 0.0,
+    }
+    return seqs, stats
+
+
+def sample(model: nn.Module, tokenizer: Any, tasks: Sequence[Task], params: SamplingParams,
+           group_size: int, format: Callable[[Task], list[int]] | None = None
+           ) -> tuple[list[Rollout], dict]:
+    """Rollouts for `tasks` (P) with `group_size` (G) completions each, prompt-major (P x G)."""
+    fmt = format or prompt_formatter(tokenizer)
+    prompts_P = [fmt(t) for t in tasks]
+    eos = sorted(getattr(tokenizer, "eos_token_ids", None) or {tokenizer.eos_token_id})
+    seqs, stats = generate(model, prompts_P, group_size, params, eos)
+    eos_set = set(eos)
+    rollouts = []
+    for i, s in enumerate(seqs):
+        p = i // group_size
+        body = [t for t in s["tokens"] if t not in eos_set]
+        rollouts.append(Rollout(
+            task=tasks[p], prompt_tokens=tuple(prompts_P[p]), tokens=tuple(s["tokens"]),
+            logprobs=tuple(s["logprobs"]), text=tokenizer.decode(body),
+            finish_reason=s["finish_reason"], temperature=params.temperature))
+    return rollouts, stats

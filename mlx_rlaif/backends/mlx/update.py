@@ -1,0 +1,270 @@
+"""The MLX update: micro-batched gradients of the RL loss, clipping, AdamW, the reference pass.
+
+`update(policy, optimizer, rollouts, adv, ref, cfg, kl_penalty)` takes `num_iterations` optimizer
+steps on one rollout batch and returns its metrics and how many steps it skipped.
+Gradients of micro-batches are summed; the aggregation weights (batch.py) make the sum equal the
+whole-batch gradient. A non-finite loss or gradient norm skips the step and is counted. The
+reference log-probs come from the same weights with the LoRA layers bypassed.
+
+The forward + backward of a micro-batch and the optimizer step run under `mx.compile`, with the
+model's arrays and MLX's random state as the traced function's implicit inputs and outputs (how
+mlx-lm's trainer compiles its step): MLX fuses their element-wise chains (the tiny model's update
+10-15% faster). A trace is made per batch shape and kept in `traced` (a dict the caller holds
+for the run: `backends.ops.mlx_ops`); the KL penalty, which the adaptive controller changes, is
+an input, not a traced constant. Micro-batches whose logits exceed `COMPILE_MAX_LOGITS_MB` run
+eagerly: there the compiled graph kept two more vocabulary-sized arrays (Qwen2.5-0.5B shape,
+8 x 65 positions: peak 4.45 -> 5.1 GB) and was not faster. The reference pass is not compiled;
+on the CPU (the `cpu` gate) it spreads over two streams (`reference_logprobs`).
+
+Not covered: gradient checkpointing, mixed precision beyond what the model's dtype gives.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_map
+
+from ... import cpu
+from ...algo.aggregation import aggregation_weights
+from ...artifacts import checkpoint
+from ...config import Config
+from ...cpu.blas import blas_threads, openblas_thread_fns
+from ...records import Rollout
+from .. import batch as batching
+from . import shared_prompt
+from .loss import logprobs_and_entropy, rl_loss
+from .policy import Policy, lora_disabled
+
+
+def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], adv: np.ndarray,
+           ref: list[np.ndarray] | None, cfg: Config, kl_penalty: float,
+           traced: dict[str, Any] | None = None) -> tuple[dict[str, float], int]:
+    """`num_iterations` optimizer updates on the kept rollouts, micro-batched: (metrics, the
+    number of updates skipped for a non-finite loss or gradient). `traced` keeps the compiled
+    gradient function between calls (a fresh one is traced when it is None)."""
+    if not rollouts:
+        return {"train/tokens": 0.0}, 0
+    lengths = [len(r.tokens) for r in rollouts]
+    w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens)
+    mbs = [build(rollouts, rows, adv, w, ref, shared)
+           for rows, shared in micro_batches(policy.model, rollouts, cfg)]
+    traced = {} if traced is None else traced
+    model = policy.model
+    grad = kept(traced, "grad", model, lambda: grad_fn(model, cfg))
+    penalty = mx.array(kl_penalty, dtype=mx.float32)
+    tic, first, aux, skipped = time.perf_counter(), None, {}, 0
+    model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
+    for _ in range(cfg.rl.num_iterations):
+        grads, aux = None, {}
+        for mb in mbs:
+            (_, a), g = grad(mb, penalty)
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            aux = a if not aux else {k: aux[k] + a[k] for k in aux}
+            mx.eval(grads, aux)
+        first = first or aux
+        norm, stepped = apply_update(model, optimizer, grads, aux["loss"],
+                                     cfg.training.max_grad_norm, traced)
+        skipped += not stepped
+    model.train(False)
+    seconds = time.perf_counter() - tic
+    tokens = sum(lengths) * cfg.rl.num_iterations
+    return update_metrics(aux, first, norm, optimizer, tokens, seconds), skipped
+
+
+COMPILE_MAX_LOGITS_MB = 64  # larger micro-batch logits (rows x positions x vocab) run eagerly
+
+
+def grad_fn(model: nn.Module, cfg: Config) -> Callable[..., Any]:
+    """`(mb, kl_penalty) -> ((loss, aux), grads)` of `rl_loss` for the model's trainable arrays,
+    compiled where the micro-batch is small enough (`small_compiled`)."""
+    value_and_grad = nn.value_and_grad(model, partial(rl_loss, rl=cfg.rl,
+                                                      temperature=cfg.generation.temperature))
+    return small_compiled(lambda mb, kl_penalty: value_and_grad(model, mb, kl_penalty=kl_penalty),
+                          model)
+
+
+def small_compiled(fn: Callable[..., Any], model: nn.Module) -> Callable[..., Any]:
+    """`fn(mb, ...)`, compiled when mb's logits take at most COMPILE_MAX_LOGITS_MB (and the
+    model's vocabulary size is known), else run as it is."""
+    traced = compiled(fn, model)
+    vocab = getattr(getattr(model, "args", None), "vocab_size", None)
+
+    def call(mb: dict[str, mx.array], *args: Any) -> Any:
+        n, width = mb["tokens"].shape
+        small = vocab is not None and n * (width - 1) * vocab * 4 <= COMPILE_MAX_LOGITS_MB * 2**20
+        return (traced if small else fn)(mb, *args)
+    return call
+
+
+def optimizer_step(model: nn.Module, optimizer: optim.Optimizer) -> Callable[[Any], None]:
+    """`grads -> None`: the optimizer's update of the model, compiled (its state an implicit
+    input and output too)."""
+    return compiled(lambda grads: optimizer.update(model, grads), model, optimizer.state)
+
+
+def compiled(fn: Callable[..., Any], model: nn.Module, *more: Any) -> Callable[..., Any]:
+    """`fn` under `mx.compile`, reading and writing back the model's arrays, MLX's random
+    state (dropout) and `more` state trees as implicit inputs and outputs."""
+    state = [model.state, mx.random.state, *more]
+    return mx.compile(fn, inputs=state, outputs=state)
+
+
+def kept(traced: dict[str, Any], name: str, owner: Any, make: Callable[[], Any]) -> Any:
+    """`traced[name]`, made by `make()` the first time and again when `owner` (the object it
+    traces, by identity) has changed."""
+    if traced.get(name, (None,))[0] is not owner:
+        traced[name] = (owner, make())
+    return traced[name][1]
+
+
+def apply_update(model: nn.Module, optimizer: optim.Optimizer, grads: Any, loss: mx.array,
+                 max_norm: float, traced: dict[str, Any] | None = None) -> tuple[float, bool]:
+    """Clip the gradient norm to `max_norm` (0: no clipping), check finiteness, step the
+    optimizer (compiled, kept in `traced`). Returns (the norm before clipping, stepped?): a
+    non-finite loss or gradient is not applied."""
+    grads, norm = optim.clip_grad_norm(grads, max_norm if max_norm > 0 else math.inf)
+    norm_v, loss_v = norm.item(), loss.item()
+    if not (math.isfinite(norm_v) and math.isfinite(loss_v)):
+        return norm_v, False
+    step = kept({} if traced is None else traced, "optimizer",
+                optimizer.state,  # a restore replaces the state's dict
+                lambda: optimizer_step(model, optimizer))
+    step(grads)
+    mx.eval(model.trainable_parameters(), optimizer.state)
+    return norm_v, True
+
+
+def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
+                       ) -> list[np.ndarray]:
+    """Log-probs of each completion under the frozen base (same weights, LoRA layers bypassed).
+
+    On MLX's CPU backend with OpenBLAS and 2+ cores, a whole-batch pass (micro_batch_size 0) is
+    split into two halves along prompt groups, each on its own CPU stream with one OpenBLAS
+    thread: the element-wise work, single-threaded on a stream, then runs on both cores (9-16%
+    faster on the tiny model: BENCHMARKS.md). Not compiled: a trace keeps the stream it was made
+    on (and compiling it gained nothing measurable)."""
+    out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rollouts)
+    zeros = [0.0] * len(rollouts)
+    batches = micro_batches(model, rollouts, cfg)
+    streams = reference_streams(cfg, len(rollouts))
+    if len(streams) > 1 and len(batches) == 1:
+        batches = halves(rollouts, batches[0])
+    waves = [batches[i: i + len(streams)] for i in range(0, len(batches), len(streams))]
+    with lora_disabled(model), blas_threads(1) if len(streams) > 1 else nullcontext():
+        for wave in waves:  # one micro-batch per stream at a time
+            built = [build(rollouts, rows, zeros, zeros, None, shared) for rows, shared in wave]
+            logps = []
+            for b, stream in zip(built, streams, strict=False):
+                with mx.stream(stream):
+                    logps.append(logprobs_and_entropy(shared_prompt.batch_logits(model, b),
+                                                      b["tokens"][:, 1:],
+                                                      cfg.generation.temperature)[0])
+            mx.eval(logps)
+            for (rows, _), b, logp in zip(wave, built, map(np.array, logps), strict=True):
+                for i, j in enumerate(rows):
+                    r = rollouts[j]
+                    start = 0 if "prefix" in b else len(r.prompt_tokens) - 1
+                    out[j] = logp[i, start: start + len(r.tokens)]
+    return out
+
+
+def reference_streams(cfg: Config, rows: int) -> list[Any]:
+    """The streams the reference pass spreads over: two CPU streams where the CPU gate is on
+    (`cpu.active()`) with OpenBLAS's thread control, 2+ cores, 2+ rows and micro_batch_size 0
+    (else the memory of two micro-batches at once could exceed the one the user set), else the
+    default stream."""
+    if (cfg.training.micro_batch_size or rows < 2 or (os.cpu_count() or 1) < 2
+            or not cpu.active() or openblas_thread_fns() is None):
+        return [mx.default_stream(mx.default_device())]
+    return _cpu_streams()
+
+
+@functools.cache
+def _cpu_streams() -> list[Any]:
+    return [mx.default_stream(mx.cpu), mx.new_stream(mx.cpu)]
+
+
+def halves(rollouts: list[Rollout], batch: tuple[list[int], bool]) -> list[tuple[list[int], bool]]:
+    """A micro-batch split in two, at the prompt-group boundary nearest its middle (rows)."""
+    rows, shared = batch
+    groups = batching.prompt_groups([rollouts[i] for i in rows])
+    cut, best = 0, len(rows)
+    for k in range(1, len(groups)):
+        left = sum(len(g) for g in groups[:k])
+        if abs(2 * left - len(rows)) < best:
+            cut, best = left, abs(2 * left - len(rows))
+    cut = cut or len(rows) // 2  # one group: its rows in two (its prompt computed twice)
+    return [(rows[:cut], shared), (rows[cut:], shared)]
+
+
+def micro_batches(model: nn.Module, rollouts: list[Rollout], cfg: Config
+                  ) -> list[tuple[list[int], bool]]:
+    """(row indices, prompts shared?) of each micro-batch. Shared (training.share_prompt and a
+    model that supports it): rows ordered by prompt, so a group splits over as few micro-batches
+    as the size allows; else consecutive rows."""
+    size = cfg.training.micro_batch_size
+    share = cfg.training.share_prompt and shared_prompt.supported(model)
+    order = [i for g in batching.prompt_groups(rollouts) for i in g] if share \
+        else list(range(len(rollouts)))
+    return [(order[s], share) for s in batching.chunks(len(order), size)]
+
+
+def build(rollouts: list[Rollout], rows: list[int], adv: Any, w: list[float],
+          ref: list[np.ndarray] | None, shared: bool) -> dict[str, mx.array]:
+    """The arrays of one micro-batch, in `build_shared`'s layout when its prompts are shared."""
+    args = ([rollouts[i] for i in rows], [adv[i] for i in rows], [w[i] for i in rows],
+            [ref[i] for i in rows] if ref is not None else None)
+    arrays = batching.build_shared(*args) if shared else batching.build(*args)
+    return {k: mx.array(v) for k, v in arrays.items()}
+
+
+def update_metrics(aux: dict, first: dict, norm: float, optimizer: optim.Optimizer, tokens: int,
+                   seconds: float) -> dict[str, float]:
+    n = max(aux["tokens"].item(), 1.0)
+    m = {
+        "loss/total": aux["loss"].item(), "loss/policy": aux["pg"].item(),
+        "policy/entropy": aux["entropy"].item() / n, "policy/clipfrac": aux["clipped"].item() / n,
+        "policy/ratio_mean": aux["ratio"].item() / n, "policy/approx_kl": aux["approx_kl"].item() / n,
+        "kl/sample_train": first["approx_kl"].item() / max(first["tokens"].item(), 1.0),
+        "optim/grad_norm": norm, "optim/lr": float(optimizer.learning_rate.item()),
+        "train/tokens": float(tokens), "train/tokens_per_sec": tokens / max(seconds, 1e-9),
+    }
+    if "kl" in aux:
+        m["kl/mean"] = aux["kl"].item() / n
+        m["loss/kl"] = aux["kl_loss"].item()
+    return m
+
+
+def make_optimizer(t: Any, total_updates: int) -> optim.Optimizer:
+    """AdamW on the training section `t`'s schedule: linear warmup from lr * 1e-3, then constant
+    or cosine decay to lr * min_lr_ratio at `total_updates`."""
+    lr: Any = t.learning_rate
+    if t.lr_schedule == "cosine":
+        decay = max(total_updates - t.warmup_steps, 1)
+        lr = optim.cosine_decay(t.learning_rate, decay, t.learning_rate * t.min_lr_ratio)
+    if t.warmup_steps:
+        warm = optim.linear_schedule(t.learning_rate * 1e-3, t.learning_rate, t.warmup_steps)
+        after = lr if callable(lr) else (lambda _: mx.array(t.learning_rate))
+        lr = optim.join_schedules([warm, after], [t.warmup_steps])
+    return optim.AdamW(learning_rate=lr, weight_decay=t.weight_decay)
+
+
+def restore(policy: Policy, optimizer: optim.Optimizer, ckpt: Path) -> checkpoint.LoopState:
+    checkpoint.load_weights_into(policy.model, ckpt)
+    optimizer.init(policy.model.trainable_parameters())
+    checkpoint.load_optimizer_into(optimizer, ckpt)
+    mx.eval(policy.model.parameters(), optimizer.state)
+    return checkpoint.load_state(ckpt)

@@ -1,0 +1,105 @@
+"""What differs between the MLX backend and the torch fallback, picked once per run.
+
+`OPS[cfg.model.backend]()` returns an `Ops`: load, optimizer, sample, reference, update, save,
+restore, mlx_model. The training loop calls only these, so no backend branch appears anywhere
+else. Each takes explicit inputs (the policy, the optimizer, rollouts, advantages, reference
+log-probs, the KL penalty, the config) and returns data; none sees the loop's run object. The
+torch modules are imported only when their backend is chosen.
+
+Not covered: mixing backends within one run (a torch checkpoint resumes on MLX and back, but the
+AdamW moments restart: see backends/torch/policy.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ..artifacts import checkpoint
+from ..config import Config
+from ..cpu.kernels import training_fast_paths
+from ..records import Rollout, Task
+from .sampling import SamplingParams
+
+# (policy, tasks, sampling, G, prompt formatter, seed or None: continue the random stream)
+Sample = Callable[[Any, list[Task], SamplingParams, int, Callable[[Task], list[int]], int | None],
+                  tuple[list[Rollout], dict]]
+# (policy, optimizer, kept rollouts, their advantages, reference log-probs or None, config,
+#  KL penalty) -> (metrics, updates skipped for a non-finite loss or gradient)
+Update = Callable[[Any, Any, list[Rollout], np.ndarray, list[np.ndarray] | None, Config, float],
+                  tuple[dict[str, float], int]]
+# (policy, optimizer, run directory, checkpoint name, loop state, extra JSON files, config text)
+Save = Callable[[Any, Any, Path, str, checkpoint.LoopState, dict, str], Path]
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The backend-specific operations of a run, picked once from `model.backend`."""
+
+    load: Callable[[Config], Any]
+    optimizer: Callable[[Any, Config, int], Any]  # (policy, config, total updates)
+    sample: Sample
+    reference: Callable[[Any, list[Rollout], Config], list[np.ndarray]]
+    update: Update
+    save: Save
+    restore: Callable[[Any, Any, Path], checkpoint.LoopState]
+    mlx_model: Callable[[Any, Config, Path], tuple[Any, Any]]  # an MLX model + tokenizer
+
+
+def mlx_ops() -> Ops:
+    from .mlx import rollout, update
+    from .mlx.policy import adapter_config_for, load_policy
+
+    traced: dict[str, Any] = {}  # the run's compiled gradient and optimizer step (update.py)
+
+    def sample(policy: Any, tasks: list[Task], params: SamplingParams, group_size: int,
+               fmt: Callable[[Task], list[int]], seed: int | None) -> tuple[list[Rollout], dict]:
+        if seed is not None:
+            mx.random.seed(seed)
+        return rollout.sample(policy.model, policy.tokenizer, tasks, params, group_size, fmt)
+
+    def reference(policy: Any, rollouts: list[Rollout], cfg: Config) -> list[np.ndarray]:
+        with training_fast_paths(policy.model):
+            return update.reference_logprobs(policy.model, rollouts, cfg)
+
+    def update_(policy: Any, optimizer: Any, rollouts: list[Rollout], adv: np.ndarray,
+                ref: list[np.ndarray] | None, cfg: Config, kl_penalty: float
+                ) -> tuple[dict[str, float], int]:
+        with training_fast_paths(policy.model):
+            return update.update(policy, optimizer, rollouts, adv, ref, cfg, kl_penalty, traced)
+
+    def save(policy: Any, optimizer: Any, run_dir: Path, name: str,
+             state: checkpoint.LoopState, extra: dict, config_text: str) -> Path:
+        return checkpoint.save_checkpoint(run_dir, name, policy.model, adapter_config_for(policy),
+                                          state, optimizer, extra, config_text)
+
+    return Ops(
+        load=lambda cfg: load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
+                                     cfg.training.seed, cfg.model.trust_remote_code),
+        optimizer=lambda policy, cfg, n: update.make_optimizer(cfg.training, n), sample=sample,
+        reference=reference, update=update_, save=save, restore=update.restore,
+        mlx_model=lambda policy, cfg, path: (policy.model, policy.tokenizer))
+
+
+def torch_ops() -> Ops:
+    """The CUDA fallback (backends/torch/): the same loop on transformers + PEFT."""
+    from ..artifacts.fuse import load_with_adapters
+    from .torch import policy as tp  # first: its import guard names a missing package
+    from .torch import rollout, update
+
+    return Ops(
+        load=lambda cfg: tp.load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
+                                        cfg.training.seed, cfg.model.trust_remote_code,
+                                        cfg.model.device or None),
+        optimizer=update.make_optimizer, sample=rollout.sample,
+        reference=update.reference_logprobs, update=update.update, save=tp.save_checkpoint,
+        restore=tp.restore,
+        mlx_model=lambda policy, cfg, path: load_with_adapters(cfg.model.path, path)[:2])
+
+
+OPS: dict[str, Callable[[], Ops]] = {"mlx": mlx_ops, "torch": torch_ops}

@@ -1,0 +1,236 @@
+"""The torch backend: the same RL loop on CUDA (or MPS, or CPU) with transformers + PEFT LoRA.
+
+A thin fallback for machines without MLX acceleration, in three modules that mirror the MLX path
+with the same semantics, so one config trains the same way on both:
+
+- this module (`backends/mlx/policy.py`, `artifacts/checkpoint.py`): loading and LoRA, PEFT with
+  `lora_alpha = scale * rank` (PEFT scales by alpha / r), `target_modules` = the `lora.keys`
+  (empty: every linear layer of a block, as mlx-lm), the last `num_layers` blocks; log-probs;
+  checkpoints in `checkpoint.py`'s layout, written atomically, adapters in mlx-lm format
+  (`mlx_lm.generate --adapter-path` loads them), optimizer state in `optimizer.pt`. Prompts and
+  EOS ids come from mlx-lm's tokenizer wrapper, so both backends see the same tokens.
+- `rollout.py` (`backends/mlx/rollout.py`): rollouts.
+- `update.py` (`backends/mlx/loss.py`, `backends/mlx/update.py`): the reference (the same
+  weights with the adapters off, `disable_adapter()`, no second copy), the loss, the optimizer
+  and the update.
+
+Not covered: MLX-quantized model directories (transformers needs the Hugging Face weights);
+multi-GPU; LoRA on embeddings or expert layers; the AdamW moments of a checkpoint written by the
+MLX backend (weights load, moments restart). Needs `pip install 'mlx-rlaif[cuda]'` (torch,
+transformers, peft).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...artifacts import checkpoint
+from ...artifacts.lora import LoraSpec, adapter_config, spec_of
+from ...artifacts.peft import mlx_from_peft, peft_weights
+from ...errors import CheckpointError, UsageError
+
+try:
+    import peft
+    import safetensors.torch
+    import torch
+    import transformers
+except ImportError as _e:
+    raise UsageError(f"the torch backend needs torch, transformers and peft ({_e.name} is not "
+                     "installed): pip install 'mlx-rlaif[cuda]'") from None
+
+OPTIMIZER = "optimizer.pt"
+
+
+@dataclass
+class TorchPolicy:
+    model: Any  # peft.PeftModel around a transformers causal LM
+    tokenizer: Any  # mlx-lm's TokenizerWrapper: same chat template and EOS ids as the MLX path
+    device: Any  # torch.device
+    base_model: str
+    num_layers: int
+    lora: Any  # the LoraConfig-like object used (rank, scale, dropout, keys)
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """`device` if given, else cuda > mps > cpu."""
+    if device:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    return torch.device("mps" if mps is not None and mps.is_available() else "cpu")
+
+
+def _local_dir(path: str) -> Path:
+    from mlx_lm.utils import _download
+
+    p = Path(path)
+    if p.exists() or path.startswith((".", "/", "~")):
+        if not (p / "config.json").is_file():
+            raise UsageError(f"model {path}: no config.json there: pass a Hugging Face model "
+                             "directory or a hub id")
+        return p
+    try:
+        return _download(path)
+    except Exception as e:  # hub errors
+        raise UsageError(f"model {path} could not be downloaded ({type(e).__name__}): check the "
+                         "hub id or pass a local directory") from e
+
+
+def load_model(path: str, trust_remote_code: bool, device: torch.device) -> tuple[Any, Any]:
+    """transformers' model (float32 off CUDA, the checkpoint's dtype on CUDA) and mlx-lm's
+    tokenizer wrapper for it."""
+    from mlx_lm.utils import load_config, load_tokenizer
+
+    local = _local_dir(path)
+    config = load_config(local)
+    if "quantization" in config:
+        raise UsageError(f"model {path} holds MLX-quantized weights, which transformers cannot "
+                         "load: pass the original Hugging Face model to the torch backend")
+    dtype = "auto" if device.type == "cuda" else torch.float32
+    key = "dtype" if _version(transformers.__version__) >= (4, 56) else "torch_dtype"
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(local), trust_remote_code=trust_remote_code, **{key: dtype})
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise UsageError(f"model {path} could not be loaded by transformers "
+                         f"({type(e).__name__}: {first}): check the path or hub id") from e
+    # sampling is set on each call: the checkpoint's defaults (top_k, penalties) must not leak in
+    model.generation_config = transformers.GenerationConfig()
+    tokenizer = load_tokenizer(local, {"trust_remote_code": trust_remote_code},
+                               eos_token_ids=config.get("eos_token_id"))
+    return model.to(device), tokenizer
+
+
+def _version(v: str) -> tuple[int, int]:
+    major, minor = (v.split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def _blocks(model: Any) -> Any:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise UsageError(f"{type(model).__name__} has no model.layers: the torch backend knows "
+                         "Llama/Qwen/Mistral-style decoders only")
+    return layers
+
+
+def peft_config(lora: Any, num_layers: int, blocks: Sequence[Any]) -> peft.LoraConfig:
+    """PEFT's LoraConfig for a LoRA config section, adapting the last `num_layers` blocks."""
+    n = len(blocks)
+    keys = list(lora.keys) or sorted({name for b in blocks for name, m in b.named_modules()
+                                      if isinstance(m, torch.nn.Linear)})
+    last = None if num_layers <= 0 or num_layers >= n else list(range(n - num_layers, n))
+    return peft.LoraConfig(r=lora.rank, lora_alpha=lora.scale * lora.rank,
+                           lora_dropout=lora.dropout, target_modules=keys,
+                           layers_to_transform=last, layers_pattern="layers" if last else None,
+                           bias="none", task_type="CAUSAL_LM")
+
+
+def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | None = None,
+                seed: int = 0, trust_remote_code: bool = False, device: str | None = None
+                ) -> TorchPolicy:
+    """Load the base model and add LoRA layers (from `adapter`, mlx-lm format, if given)."""
+    dev = pick_device(device)
+    base, tokenizer = load_model(model_path, trust_remote_code, dev)
+    lora = lora_cfg or LoraSpec()
+    num_layers = getattr(lora, "num_layers", -1)
+    adapter_dir = checkpoint.resolve(adapter) if adapter else None
+    if adapter_dir is not None:
+        lora, num_layers = spec_of(checkpoint.load_adapter_config(adapter_dir))
+    blocks = _blocks(base)
+    n = len(blocks)
+    num_layers = n if num_layers in (-1, None) or num_layers > n else num_layers
+    torch.manual_seed(seed)
+    try:
+        model = peft.get_peft_model(base, peft_config(lora, num_layers, blocks))
+    except ValueError as e:
+        raise UsageError(f"lora.keys: {str(e).splitlines()[0]}: name keys that exist in the model, "
+                         "like self_attn.q_proj, or leave it empty for every linear layer") from e
+    policy = TorchPolicy(model, tokenizer, dev, model_path, num_layers, lora)
+    if adapter_dir is not None:
+        load_adapters(policy, adapter_dir)
+    model.eval()
+    return policy
+
+
+def adapter_config_for(policy: TorchPolicy) -> dict:
+    return adapter_config(policy.lora, policy.base_model, policy.num_layers)
+
+
+def mlx_adapters(policy: TorchPolicy) -> dict[str, torch.Tensor]:
+    """The LoRA weights under mlx-lm's names and layout (lora_a [in, r], lora_b [r, out])."""
+    state = peft.get_peft_model_state_dict(policy.model)
+    weights, _ = mlx_from_peft(state, policy.model.peft_config["default"].to_dict())
+    return {k: v.detach().float().contiguous().cpu() for k, v in weights.items()}
+
+
+def load_adapters(policy: TorchPolicy, adapter_dir: Path) -> None:
+    """Load mlx-lm-format adapters into a policy whose LoRA layers have the same shapes."""
+    weights = safetensors.torch.load_file(str(Path(adapter_dir) / checkpoint.ADAPTERS))
+    new = {k: v.contiguous() for k, v in peft_weights(weights).items()}
+    have = peft.get_peft_model_state_dict(policy.model)
+    missing = sorted(set(have) - set(new))
+    wrong = sorted(k for k in new if k not in have or new[k].shape != have[k].shape)
+    if missing or wrong:
+        raise CheckpointError(f"{adapter_dir}: adapters do not match the model (first mismatch: "
+                              f"{(missing + wrong)[0]}); use the same model and lora settings the "
+                              "checkpoint was made with")
+    peft.set_peft_model_state_dict(policy.model, new)
+
+
+# --- log-probs ----------------------------------------------------------------------
+
+
+def token_logprobs(model: Any, tokens: torch.Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of tokens[:, 1:] given tokens[:, :-1] at `temperature` (float32 at least).
+
+    tokens: [B, T] -> logp: [B, T-1] (and the entropy of each next-token distribution [B, T-1]).
+    """
+    logits = model(input_ids=tokens[:, :-1], use_cache=False).logits  # [B, T-1, V]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, tokens[:, 1:, None])[..., 0] - lse
+    if not with_entropy:
+        return logp, None
+    entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def save_checkpoint(policy: TorchPolicy, optimizer: torch.optim.Optimizer | None,
+                    run_dir: Path, name: str, state: checkpoint.LoopState,
+                    extra_json: dict[str, Any] | None = None, config_text: str | None = None
+                    ) -> Path:
+    """checkpoint.save_checkpoint's layout (adapters in mlx-lm format), written atomically."""
+
+    def weights(tmp: Path) -> None:
+        safetensors.torch.save_file(mlx_adapters(policy), str(tmp / checkpoint.ADAPTERS),
+                                    metadata={"format": "mlx"})
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
+
+    return checkpoint.write_checkpoint(run_dir, name, weights, adapter_config_for(policy), state,
+                                       extra_json, config_text)
+
+
+def restore(policy: TorchPolicy, optimizer: torch.optim.Optimizer, ckpt: Path
+            ) -> checkpoint.LoopState:
+    """Adapters, optimizer state (when the checkpoint has optimizer.pt) and loop state."""
+    load_adapters(policy, Path(ckpt))
+    path = Path(ckpt) / OPTIMIZER
+    if path.is_file():
+        optimizer.load_state_dict(torch.load(path, map_location=policy.device, weights_only=True))
+    return checkpoint.load_state(Path(ckpt))

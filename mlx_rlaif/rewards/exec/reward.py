@@ -1,0 +1,479 @@
+"""The exec reward: run the student's code against the task's tests in a sandbox (mlx_rlaif.sandbox).
+
+Value = build_weight * builds + tests_weight * (fraction of tests passed). `builds` is 1 when the
+Python parses (checked in the trainer, never run) or the C++/Rust compiles (compiled in the
+sandbox), and never for a completion with no code of its own (an empty body completing a
+HumanEval-style stub parses, and RL finds that 0.1 beats a wrong attempt's 0 within 20 steps). Each test's verdict and the reason of each failure (wrong_answer, timeout, crash,
+build_error) are in `Reward.details["tests"]`. The value is None only when we could not score:
+the sandbox failed, the task has no tests we understand, its language has no toolchain here.
+
+Task formats (docs/task-formats.md):
+- HumanEval: `prompt`, `entry_point`, `test` defining `check(candidate)`. Each top-level statement
+  of `check` that contains an `assert` is one test unit (so partial credit exists); all units pass
+  exactly when the original `check` passes.
+- function calls: `entry_point` and `tests: [{"args": [...], "expected": ...}]` (Python).
+- programs: `tests: [{"stdin": "...", "stdout": "..."}]` (Python, C++, Rust), one run per test;
+  after a test times out the rest are not run (they count as timeouts).
+A Python completion that does not define `entry_point` is appended to the prompt when the prompt
+is itself code (completion style, as in HumanEval); one that does gets the prompt's imports.
+
+The verdict cannot be forged by the student. Its code runs in its own sandboxed process as a
+function server (harness.py, which also holds the wire format). HumanEval's `check(candidate)` runs in a second, separate
+sandbox where `candidate` is a proxy: every call is sent to the student's process and the answer
+comes back as plain JSON data (tuples, sets and dicts tagged), so `check` compares plain values.
+Function-call tests are compared in the trainer the same way; program tests compare the captured
+stdout in the trainer. A test passes only on a verdict from trusted code: `sys.exit(0)`,
+`os._exit(0)`, exceptions, printed markers, patched builtins or test frameworks, and objects whose
+`__eq__` always returns True never produce one. The student's process cannot reach the checker's
+(another uid or pid namespace; see mlx_rlaif/sandbox for where that holds).
+
+Not covered: in-place mutation of arguments (the checker does not see the student's copies),
+arguments or return values that are not plain data (functions, class instances, generators:
+such a test fails), HumanEval tests that inspect the candidate object itself, C++/Rust function
+tests (use stdin/stdout programs), floating-point output of programs compared as numbers (it is
+compared as text after stripping trailing whitespace).
+
+Layout: this module runs processes (toolchains, builds, the three runners, the thread pool);
+tasks.py holds the pure parts (formats, program assembly, `check` instrumentation,
+comparisons, the Reward); harness.py is the code that runs inside the sandboxes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import select
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...config import ExecConfig
+from ...errors import ConfigError
+from ...records import Reward, Task, extract_code
+from ...sandbox import Box, Limits, Running, Sandbox, SandboxError
+from . import harness as wire
+from .tasks import (
+    Unscorable,
+    instrument_check,
+    judge_output,
+    make_reward,
+    prompt_code,
+    python_program,
+    result,
+    same_value,
+    short,
+    syntax_error,
+    task_format,
+    unit_results,
+)
+
+log = logging.getLogger(__name__)
+
+LANGUAGES = ("python", "cpp", "rust")
+HARNESS = Path(wire.__file__).read_text()
+_SOURCE = {"python": "solution.py", "cpp": "solution.cpp", "rust": "solution.rs"}
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    language: str
+    compiler: str | None  # None: interpreted (Python)
+    flags: tuple[str, ...] = ()
+    home: str | None = None  # directory to bind read-only (toolchains outside /usr)
+
+
+# --- toolchains ------------------------------------------------------------------------------
+
+
+def find_toolchain(language: str, cfg: ExecConfig) -> Toolchain | str:
+    """The toolchain for `language`, or a one-line reason why there is none."""
+    if language == "python":
+        return Toolchain("python", None)
+    if language == "cpp":
+        names = [cfg.cpp_compiler] if cfg.cpp_compiler else ["g++", "clang++"]
+        exe = next((p for p in map(_which, names) if p), None)
+        if exe is None:
+            return (f"no C++ compiler ({' or '.join(names)}) on PATH: install g++ "
+                    "(apt-get install g++) or set reward.exec.cpp_compiler")
+        real = os.path.realpath(exe)
+        home = None if real.startswith("/usr/") else _install_dir(real)
+        return Toolchain("cpp", real, tuple(cfg.cpp_flags), home)
+    if language == "rust":
+        rustc = _which("rustc") or _which(str(Path.home() / ".cargo/bin/rustc"))
+        if rustc is None:
+            return "no rustc on PATH or in ~/.cargo/bin: install Rust (rustup or apt-get install rustc)"
+        sysroot = _rust_sysroot(rustc)
+        if sysroot is None:
+            return f"{rustc} --print sysroot failed: check the Rust installation"
+        real = str(Path(sysroot) / "bin" / "rustc")
+        home = None if sysroot.startswith("/usr") else sysroot
+        return Toolchain("rust", real if os.path.exists(real) else rustc, tuple(cfg.rust_flags),
+                         home)
+    return f"unknown language {language!r}: the exec reward runs {', '.join(LANGUAGES)}"
+
+
+def _which(name: str) -> str | None:
+    import shutil
+
+    return shutil.which(name)  # not resolved: rustup's proxies dispatch on their own name
+
+
+def _install_dir(exe: str) -> str:
+    return str(Path(os.path.realpath(exe)).parent.parent)
+
+
+def _rust_sysroot(rustc: str) -> str | None:
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        r = subprocess.run([rustc, "--print", "sysroot"], capture_output=True, text=True,
+                           timeout=60, stdin=subprocess.DEVNULL, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return os.path.realpath(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip() else None
+
+
+# --- the reward ----------------------------------------------------------------------------------
+
+
+class ExecReward:
+    """Runs each completion's tests in a sandbox; scores a batch on a bounded thread pool."""
+
+    name = "exec"
+
+    def __init__(self, cfg: ExecConfig, languages: set[str] | None = None):
+        self.cfg = cfg
+        self.workers = cfg.workers or os.cpu_count() or 1
+        self.toolchains: dict[str, Toolchain] = {}
+        self._missing: dict[str, str] = {}
+        for lang in LANGUAGES if languages is None else sorted(languages):
+            found = find_toolchain(lang, cfg)
+            if isinstance(found, Toolchain):
+                self.toolchains[lang] = found
+            elif languages is not None:
+                raise ConfigError(f"tasks in {lang} need a toolchain: {found}")
+            else:
+                self._missing[lang] = found
+        homes = [t.home for t in self.toolchains.values() if t.home]
+        self.sandbox = Sandbox(cfg.sandbox, slots=2 * self.workers, uid_base=cfg.uid_base,
+                               python=cfg.python, ro_paths=homes)
+        for t in list(self.toolchains.values()):
+            if t.compiler and not self.sandbox.reachable(t.compiler):
+                why = (f"{t.compiler} is not readable by the sandbox user in "
+                       f"{self.sandbox.mode} mode: install it system-wide or use sandbox: bwrap")
+                if languages is not None:
+                    raise ConfigError(f"tasks in {t.language} need a toolchain: {why}")
+                del self.toolchains[t.language]
+                self._missing[t.language] = why
+        level = logging.WARNING if self.sandbox.mode == "process" else logging.INFO
+        log.log(level, "exec reward: sandbox %s, %d workers, languages %s",
+                self.sandbox.describe(), self.workers, ", ".join(sorted(self.toolchains)))
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="exec-reward")
+        self._lock = threading.Lock()
+        self._counts = {"completions": 0, "unscorable": 0, "timeouts": 0, "build_errors": 0,
+                        "seconds": 0.0}
+
+    # RewardFn ------------------------------------------------------------------------------
+
+    def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[Reward]:
+        if len(tasks) != len(completions):
+            raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
+        return list(self._pool.map(self.score_one, tasks, completions))
+
+    def metrics(self) -> dict[str, float]:
+        with self._lock:
+            return {f"exec/{k}": float(v) for k, v in self._counts.items()}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # one completion ---------------------------------------------------------------------------
+
+    def score_one(self, task: Task, completion: str) -> Reward:
+        t0 = time.monotonic()
+        try:
+            reward = self._score(task, completion)
+        except (Unscorable, SandboxError) as e:
+            reward = Reward(None, {"builds": None, "tests": None}, f"unscorable: {e}",
+                            {"sandbox": self.sandbox.mode})
+        except Exception as e:  # a bug of ours must not pass for the student's failure
+            log.exception("exec reward failed on task %s", task.id)
+            reward = Reward(None, {"builds": None, "tests": None},
+                            f"unscorable: internal error {type(e).__name__}: {e}", {})
+        self._count(reward, time.monotonic() - t0)
+        return reward
+
+    def _count(self, reward: Reward, seconds: float) -> None:
+        tests = reward.details.get("tests", [])
+        with self._lock:
+            c = self._counts
+            c["completions"] += 1
+            c["unscorable"] += reward.value is None
+            c["timeouts"] += any(t["reason"] == "timeout" for t in tests)
+            c["build_errors"] += reward.parts.get("builds") == 0.0
+            c["seconds"] += seconds
+
+    def _score(self, task: Task, completion: str) -> Reward:
+        fmt = task_format(task)
+        tc = self.toolchains.get(task.language)
+        if tc is None:
+            why = self._missing.get(task.language, f"language {task.language!r} not configured")
+            raise Unscorable(f"no toolchain for {task.language}: {why}")
+        t0 = time.monotonic()
+        if task.language == "python":
+            program = python_program(task, completion)
+        else:
+            program = extract_code(completion, task.language)
+        n = len(task.tests) if fmt != "humaneval" else len(instrument_check(task.test)[1]) or 1
+        with self.sandbox.box() as box:
+            # a completion with no code of its own must not earn the build credit of the
+            # prompt's stub (an empty answer to a HumanEval-style prompt parses)
+            empty = not extract_code(completion, task.language).strip()
+            build_error = "empty answer: no code" if empty else self._build(box, tc, program)
+            if build_error is not None:
+                results = [result(f"test {i}", False, "build_error", build_error[:300])
+                           for i in range(n)]
+            elif fmt == "humaneval":
+                results = self._humaneval(box, task)
+            elif fmt == "calls":
+                results = self._calls(box, task)
+            else:
+                results = self._stdio(box, task, tc)
+        details = {"format": fmt, "language": task.language, "sandbox": self.sandbox.mode,
+                   "seconds": round(time.monotonic() - t0, 3)}
+        if build_error is not None:
+            details["build_log"] = build_error[:2000]
+        return make_reward(results, build_error is None, self.cfg, details)
+
+    # building ---------------------------------------------------------------------------------
+
+    def _limits(self) -> Limits:
+        c = self.cfg
+        return Limits(c.timeout_s, c.cpu_s, c.memory_mb, c.max_file_size_mb, c.max_open_files,
+                      c.max_processes, c.max_output_kb * 1024)
+
+    def _build_limits(self) -> Limits:
+        c = self.cfg
+        return Limits(c.build_timeout_s, math.ceil(c.build_timeout_s), c.build_memory_mb,
+                      max(64, c.max_file_size_mb), 256, max(128, c.max_processes), 64 * 1024)
+
+    def _build(self, box: Box, tc: Toolchain, program: str) -> str | None:
+        """Write the program into the box and compile it; None when it builds."""
+        box.write(_SOURCE[tc.language], program)
+        if tc.compiler is None:
+            return syntax_error(program)
+        argv = [tc.compiler, *tc.flags, "-o", "prog", _SOURCE[tc.language]]
+        path = f"{os.path.dirname(tc.compiler)}:/usr/local/bin:/usr/bin:/bin"
+        r = self.sandbox.run(box, argv, self._build_limits(), env={"PATH": path})
+        if r.ok:
+            return None
+        log_text = (r.stderr or r.stdout).decode(errors="replace").strip()
+        return log_text or f"the compiler failed: {r.describe()}"
+
+    # HumanEval: check(candidate) in its own sandbox ------------------------------------------
+
+    def _humaneval(self, box: Box, task: Task) -> list[dict]:
+        source, units = instrument_check(task.test or "")
+        limits = self._limits()
+        harness = box.write("harness.py", HARNESS)
+        serve = [harness, "serve", f"{box.inside}/{_SOURCE['python']}", task.entry_point or ""]
+        with self.sandbox.box() as cbox, tempfile.TemporaryFile() as verdicts:
+            spec = {"prompt": prompt_code(task.prompt), "test": source, "units": len(units),
+                    "entry_point": task.entry_point}
+            check = [cbox.write("harness.py", HARNESS), "check", cbox.write("task.json", _dumps(spec))]
+            req_r, req_w = os.pipe()
+            resp_r, resp_w = os.pipe()
+            vfd = verdicts.fileno()
+            try:
+                student = self.sandbox.start(box, [*serve, str(req_r), str(resp_w)], limits,
+                                             python_file=True, keep_fds=(req_r, resp_w))
+                try:
+                    checker = self.sandbox.start(
+                        cbox, [*check, str(req_w), str(resp_r), str(vfd)], limits,
+                        python_file=True, keep_fds=(req_w, resp_r, vfd))
+                except BaseException:
+                    student.stop()
+                    _sandbox_error(student)
+                    raise
+            finally:
+                _close(req_r, req_w, resp_r, resp_w)
+            try:
+                checked = checker.wait()
+            finally:
+                student.stop()
+            student_error = _sandbox_error(student)
+            verdicts.seek(0)
+            lines = verdicts.read().decode(errors="replace").splitlines()
+        results = unit_results(list(units) or ["check(candidate)"], lines, checked)
+        if student_error is not None and any(r["reason"] == "crash" for r in results):
+            raise student_error  # the student's sandbox failed, not the student
+        return results
+
+    # function calls compared in the trainer ----------------------------------------------------
+
+    def _calls(self, box: Box, task: Task) -> list[dict]:
+        req_r, req_w = os.pipe()
+        resp_r, resp_w = os.pipe()
+        harness = box.write("harness.py", HARNESS)
+        argv = [harness, "serve", f"{box.inside}/{_SOURCE['python']}", task.entry_point or "",
+                str(req_r), str(resp_w)]
+        try:
+            run = self.sandbox.start(box, argv, self._limits(), python_file=True,
+                                     keep_fds=(req_r, resp_w))
+        except BaseException:
+            _close(req_w, resp_r)
+            raise
+        finally:
+            _close(req_r, resp_w)
+        os.set_blocking(req_w, False)  # a student that stops reading must not block us
+        results: list[dict] = []
+        reader = _LineReader(resp_r, run.deadline)
+        try:
+            for i, t in enumerate(task.tests):
+                if reader.dead:
+                    why = "timeout" if reader.timed_out else "crash"
+                    results.append(result(f"test {i}", False, why, f"not run: {reader.dead}"))
+                else:
+                    results.append(self._one_call(i, t, req_w, reader))
+        finally:
+            _close(req_w, resp_r)
+            run.stop()
+        error = _sandbox_error(run)
+        if error is not None and any(r["reason"] == "crash" for r in results):
+            raise error
+        return results
+
+    def _one_call(self, i: int, test: Mapping, req_w: int, reader: _LineReader) -> dict:
+        name = f"test {i}"
+        args = test["args"] if isinstance(test["args"], list) else [test["args"]]
+        try:
+            if not _write_all(req_w, wire.encode_request(i + 1, args, {}), reader.deadline):
+                reader.timed_out, reader.dead = True, "timed out"  # it stopped reading
+        except TypeError as e:
+            raise Unscorable(f"test {i}: {e}") from None
+        except OSError:
+            reader.dead = "the solution process exited"
+        line = reader.line() if not reader.dead else None
+        if line is None:
+            reason = "timeout" if reader.timed_out else "crash"
+            return result(name, False, reason, reader.dead or "no answer")
+        try:
+            ok, value = wire.decode_response(line, i + 1)
+        except wire.ProtocolError as e:
+            reader.dead = str(e)
+            return result(name, False, "crash", str(e))
+        if not ok:
+            return result(name, False, "crash", f"the solution raised {value[0]}: {value[1]}")
+        if same_value(value, test["expected"]):
+            return result(name, True, "passed", "")
+        return result(name, False, "wrong_answer",
+                       f"args {short(args)}: expected {short(test['expected'])}, "
+                       f"got {short(value)}")
+
+    # programs: stdin -> stdout, one run per test -----------------------------------------------
+
+    def _stdio(self, box: Box, task: Task, tc: Toolchain) -> list[dict]:
+        if tc.compiler is None:
+            argv, py = [f"{box.inside}/{_SOURCE['python']}"], True
+        else:
+            argv, py = [f"{box.inside}/prog"], False
+        results: list[dict] = []
+        timed_out = False
+        for i, t in enumerate(task.tests):
+            name = f"test {i}"
+            if timed_out:
+                results.append(result(name, False, "timeout", "not run: an earlier test timed out"))
+                continue
+            with tempfile.TemporaryFile() as stdin:
+                stdin.write(str(t.get("stdin", "")).encode())
+                stdin.seek(0)
+                r = self.sandbox.run(box, argv, self._limits(), python_file=py, stdin=stdin)
+            results.append(judge_output(name, r, str(t["stdout"])))
+            timed_out = r.timed_out
+        return results
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _sandbox_error(run: Running) -> SandboxError | None:
+    """Collect a stopped run; the SandboxError if its sandbox failed."""
+    try:
+        run.wait()
+    except SandboxError as e:
+        return e
+    return None
+
+
+class _LineReader:
+    """Reads newline-terminated responses from a pipe, up to a deadline."""
+
+    def __init__(self, fd: int, deadline: float):
+        self.fd, self.deadline, self.buf = fd, deadline, bytearray()
+        self.dead: str | None = None
+        self.timed_out = False
+
+    def line(self) -> bytes | None:
+        end = self.buf.find(b"\n")
+        while end < 0:
+            if not _ready(self.fd, "r", self.deadline):
+                self.timed_out, self.dead = True, "timed out"
+                return None
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                self.dead = "the solution process exited"
+                return None
+            start = len(self.buf)
+            self.buf += chunk
+            if len(self.buf) > wire.MAX_LINE:
+                self.dead = "response too long"
+                return None
+            end = self.buf.find(b"\n", start)
+        line = bytes(self.buf[:end])
+        del self.buf[:end + 1]
+        return line
+
+
+def _ready(fd: int, mode: str, deadline: float) -> bool:
+    """Wait until `fd` can be read ("r") or written ("w"); False at the deadline."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        r, w, _ = select.select([fd] if mode == "r" else [], [fd] if mode == "w" else [], [],
+                                left)
+        if r or w:
+            return True
+
+
+def _write_all(fd: int, data: bytes, deadline: float) -> bool:
+    """Write everything to a non-blocking pipe before the deadline; False if time ran out."""
+    view = memoryview(data)
+    while view:
+        if not _ready(fd, "w", deadline):
+            return False
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            continue
+    return True
+
+
+def _close(*fds: int) -> None:
+    """Close each fd once (callers never close an fd twice: its number may be reused)."""
+    for fd in fds:
+        with suppress(OSError):
+            os.close(fd)
+
+
+def _dumps(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj)

@@ -1,0 +1,265 @@
+"""The trusted first code inside every sandboxed run (see box.py). Standard library only.
+
+The parent runs it as `python -I -S -c <this file's text> <spec literal>`, so it needs no file access
+and imports nothing from mlx_rlaif. It
+1. (process and seatbelt modes) becomes a supervisor: on Linux a child subreaper, so processes
+   that double-fork and `setsid` away still end up as its children; it forks the program, waits
+   for it, then kills every process left (all processes of the sandbox uid when it runs as root,
+   else every descendant), reaps them and reports how the program ended;
+2. in the child: enters a new network namespace (root on Linux, process mode), sets the rlimits,
+   drops to the sandbox uid/gid with no supplementary groups, sets no_new_privs, writes "R" (ready)
+   to the status fd, closes every other fd, and runs the program: `exec` of an argv, or a Python
+   file run in this very interpreter (one interpreter start per Python run).
+
+Status fd protocol (one line each): `R` ready; `E <why>` the sandbox itself failed (never the
+program); from the supervisor `X <code>` exit, `S <signal>` killed by a signal, `K` killed on
+request (the parent's SIGTERM: its deadline, or it no longer needs the run).
+Not covered here: mounts and namespaces other than the network (bwrap does those).
+"""
+
+import _signal  # the C module: `signal` would import enum, which costs milliseconds per run
+import os
+import resource
+import sys
+
+_LIMITS = {
+    "cpu_s": resource.RLIMIT_CPU,
+    "memory": resource.RLIMIT_AS,
+    "file_size": resource.RLIMIT_FSIZE,
+    "open_files": resource.RLIMIT_NOFILE,
+    "processes": getattr(resource, "RLIMIT_NPROC", None),
+}
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NO_NEW_PRIVS = 38
+_CLONE_NEWNET = 0x40000000
+_SIGKILL, _SIGTERM = 9, 15
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _try(fn, *args):
+    """Call fn(*args), ignoring OSError (a process already gone, an fd already closed)."""
+    try:
+        return fn(*args)
+    except OSError:
+        return None
+
+
+def _say(fd, text):
+    _try(os.write, fd, (text + "\n").encode())
+
+
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _own_processes(uid):
+    """How many processes `uid` already runs (RLIMIT_NPROC counts them all)."""
+    if os.path.isdir("/proc/self"):
+        return sum(1 for pid in os.listdir("/proc") if pid.isdigit() and _uid_of(pid) == uid)
+    import subprocess
+
+    out = subprocess.run(["ps", "-A", "-o", "uid="], capture_output=True, text=True).stdout
+    return sum(1 for line in out.split() if line.strip() == str(uid))
+
+
+def _uid_of(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _set_limits(limits, uid):
+    for name, value in limits.items():
+        which = _LIMITS[name]
+        if which is None:
+            continue
+        if name == "processes" and uid is None:
+            # no uid of our own: the count includes every process of the user running us
+            value += _own_processes(os.getuid())
+        hard = value + 1 if name == "cpu_s" else value
+        try:
+            resource.setrlimit(which, (value, hard))
+        except (ValueError, OSError):
+            if sys.platform.startswith("linux"):
+                raise
+            # macOS refuses some limits (RLIMIT_AS): documented as not covered there
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _drop(uid, gid):
+    if uid is None:
+        return
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise OSError("setuid did not take")
+
+
+def _enter(spec, status):
+    """Child side: isolate, limit, drop, run. Never returns."""
+    try:
+        if spec.get("supervise"):
+            os.setpgid(0, 0)
+        libc = _libc() if spec.get("netns") or spec.get("no_new_privs") else None
+        if spec.get("netns") and libc.unshare(_CLONE_NEWNET) != 0:
+            raise OSError(f"unshare(CLONE_NEWNET) failed: {os.strerror(_errno())}")
+        _set_limits(spec["limits"], spec.get("uid"))
+        _drop(spec.get("uid"), spec.get("gid"))
+        if spec.get("no_new_privs") and libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(_errno())}")
+        os.umask(0o077)
+        keep = {0, 1, 2, status, *spec.get("keep_fds", ())}
+        for fd in _open_fds():
+            if fd not in keep:
+                _try(os.close, fd)
+    except Exception as e:  # the sandbox failed, not the program
+        _say(status, f"E setup: {e.__class__.__name__}: {e}")
+        os._exit(121)
+    _say(status, "R")
+    if spec.get("python_file"):
+        os.close(status)
+        _run_python(spec["python_file"], spec["argv"])
+    os.set_inheritable(status, False)
+    try:
+        os.execv(spec["argv"][0], spec["argv"])
+    except OSError as e:
+        _say(status, f"E exec {spec['argv'][0]}: {e}")
+        os._exit(122)
+
+
+def _errno():
+    import ctypes
+
+    return ctypes.get_errno()
+
+
+def _open_fds():
+    for where in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return [int(x) for x in os.listdir(where) if x.isdigit()]
+        except OSError:
+            continue
+    return list(range(3, 256))
+
+
+def _run_python(path, argv):
+    """Run a Python file as __main__ in this interpreter (saves a second interpreter start)."""
+    import builtins
+
+    sys.argv = list(argv)
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec")
+    exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
+    sys.exit(0)
+
+
+def _kill_uid(uid, gid):
+    """Kill every process of `uid` (root only): a helper drops to it and signals -1."""
+    for _ in range(20):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _drop(uid, gid)
+                os.kill(-1, _SIGKILL)
+            except OSError:
+                pass
+            os._exit(0)
+        os.waitpid(pid, 0)
+        _reap()
+        if not os.path.isdir("/proc/self") or _own_processes(uid) == 0:
+            return
+
+
+def _kill_descendants(child):
+    """Kill the program's group and, as a subreaper, every orphan reparented to us."""
+    me = str(os.getpid())
+    for _ in range(50):
+        _try(os.killpg, child, _SIGKILL)
+        kids = _children(me)
+        for pid in kids:
+            _try(os.kill, pid, _SIGKILL)
+        _reap()
+        if not kids:
+            return
+
+
+def _children(me):
+    if not os.path.isdir("/proc/self"):
+        return []
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me:
+            out.append(int(pid))
+    return out
+
+
+def _reap():
+    """Reap the children that have exited; True while some child is still alive."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def _on_term(signum, frame):
+    raise _Timeout()
+
+
+def _supervise(spec, status):
+    if sys.platform.startswith("linux"):
+        _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _signal.signal(_SIGTERM, _on_term)
+    child = os.fork()
+    if child == 0:
+        _signal.signal(_SIGTERM, _signal.SIG_DFL)
+        _enter(spec, status)
+    verdict = "K"
+    try:
+        _, st = os.waitpid(child, 0)
+        verdict = f"S {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"X {os.WEXITSTATUS(st)}"
+    except _Timeout:
+        pass
+    _signal.signal(_SIGTERM, _signal.SIG_IGN)
+    # as a subreaper (Linux) every process the program left is still our descendant, so no
+    # child left means nothing left; elsewhere orphans escape to init: always sweep
+    if _reap() or not sys.platform.startswith("linux"):
+        if spec.get("uid") is not None:
+            _kill_uid(spec["uid"], spec["gid"])
+        _kill_descendants(child)
+    _say(status, verdict)
+    os._exit(0)
+
+
+def main():
+    # the spec is a Python literal that box.py wrote (repr of a dict of str, int, bool, None,
+    # lists): no names are available to it, and importing json would cost milliseconds per run
+    spec = eval(sys.argv[1], {"__builtins__": {}}, {})
+    status = spec["status_fd"]
+    if spec.get("supervise"):
+        _supervise(spec, status)
+    _enter(spec, status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""What each sandbox mode needs from the host (see box.py for the modes and guarantees).
+
+Choosing a mode and probing bubblewrap; bubblewrap's mount layout; the macOS seatbelt profile;
+which interpreter and toolchain paths an unprivileged uid can reach; the pool of sandbox uids
+used when running as root, and killing every process of one of them.
+
+Not covered: cgroups (no memory or pid accounting across processes beyond rlimits).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pwd
+import queue
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import ConfigError
+
+MODES = ("auto", "bwrap", "seatbelt", "process")
+BOX = "/box"  # the box's path inside bwrap
+_ETC = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+        "/etc/localtime")
+_TOP = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+# --- choosing a mode -------------------------------------------------------------------------
+
+
+def choose_mode(mode: str) -> tuple[str, str]:
+    """(mode, why) for a requested mode; raises ConfigError when it cannot work here."""
+    if mode not in MODES:
+        raise ConfigError(f"sandbox = {mode!r} is not one of {', '.join(MODES)}")
+    if mode == "process":
+        return "process", "process limits only (requested)"
+    if mode == "bwrap" or (mode == "auto" and sys.platform.startswith("linux")):
+        problem = bwrap_problem()
+        if problem is None:
+            return "bwrap", "bubblewrap namespaces"
+        if mode == "bwrap":
+            raise ConfigError(f"sandbox = bwrap does not work here ({problem}): install "
+                              "bubblewrap (apt-get install bubblewrap) and allow user namespaces, "
+                              "or set reward.exec.sandbox=process")
+        return "process", f"process limits only: bwrap unavailable ({problem})"
+    if mode == "seatbelt" or (mode == "auto" and sys.platform == "darwin"):
+        if sys.platform == "darwin" and Path("/usr/bin/sandbox-exec").exists():
+            return "seatbelt", "macOS sandbox-exec profile"
+        if mode == "seatbelt":
+            raise ConfigError("sandbox = seatbelt needs macOS /usr/bin/sandbox-exec: set "
+                              "reward.exec.sandbox=auto")
+    return "process", "process limits only: no bwrap or seatbelt on this platform"
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """None when bubblewrap can start a sandbox here (the layout runs use), else a reason."""
+    if shutil.which("bwrap") is None:
+        return "bwrap not found on PATH"
+    with tempfile.TemporaryDirectory(prefix="mlx-rlaif-probe-") as box:
+        probe = [*bwrap_args((), box), "/bin/sh", "-c", "exit 0"]
+        try:
+            # a clean environment: an inherited LD_PRELOAD (e.g. OpenBLAS, see blas.py) makes
+            # bwrap hang
+            r = subprocess.run(probe, capture_output=True, text=True, timeout=60,
+                               stdin=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"})
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"bwrap failed to run: {str(e)[:200]}"
+    if r.returncode != 0:
+        return (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1]
+    return None
+
+
+def _bwrap_namespaces() -> list[str]:
+    if os.geteuid() == 0:  # no user namespace: the launcher drops to a real unprivileged uid
+        return ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                "--unshare-cgroup-try"]
+    return ["--unshare-all"]
+
+
+def bwrap_args(ro_paths: Sequence[str], box_host: str) -> list[str]:
+    """bwrap's options for one run: namespaces, a read-only system, private /tmp, the box."""
+    a = [shutil.which("bwrap") or "bwrap", *_bwrap_namespaces(), "--die-with-parent",
+         "--new-session", "--ro-bind", "/usr", "/usr"]
+    for d in _TOP:
+        if os.path.islink(d):
+            a += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            a += ["--ro-bind", d, d]
+    a += ["--perms", "0755", "--dir", "/etc"]  # parents bwrap makes itself are 0700
+    for f in _ETC:
+        a += ["--ro-bind-try", f, f]
+    made: set[str] = {"/", "/usr", "/etc", "/tmp", "/proc", "/dev", BOX}
+    for p in ro_paths:
+        if p == "/usr" or p.startswith("/usr/"):
+            continue
+        for parent in reversed(Path(p).parents):
+            if str(parent) not in made:
+                made.add(str(parent))
+                a += ["--perms", "0755", "--dir", str(parent)]
+        a += ["--ro-bind", p, p]
+    return [*a, "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(64 << 20),
+            "--tmpfs", "/tmp", "--bind", box_host, BOX, "--chdir", BOX]
+
+
+# --- interpreters and paths ------------------------------------------------------------------
+
+
+def world_reachable(path: str | Path) -> bool:
+    """Whether a uid that is neither owner nor group can reach (traverse to and read) `path`."""
+    p = Path(os.path.realpath(path))
+    try:
+        for d in [*reversed(p.parents), p]:
+            mode = d.stat().st_mode
+            need = stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH
+            if not mode & need:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def default_python(mode: str, drops_uid: bool) -> str:
+    exe = os.path.realpath(sys.executable)
+    if mode == "bwrap" or not drops_uid or world_reachable(exe):
+        return exe
+    for cand in (shutil.which("python3"), "/usr/bin/python3", "/usr/local/bin/python3"):
+        if cand and world_reachable(cand) and python_ok(cand):
+            return os.path.realpath(cand)
+    raise ConfigError(f"no Python the sandbox user can run: {exe} is in a directory other users "
+                      "cannot enter; set reward.exec.python to a system python3 (>= 3.10) or use "
+                      "sandbox: bwrap")
+
+
+def python_ok(exe: str) -> bool:
+    try:
+        r = subprocess.run([exe, "-I", "-S", "-c", "import sys; print(sys.version_info >= (3, 10))"],
+                           capture_output=True, text=True, timeout=20, env={}, cwd="/")
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.stdout.strip() == "True"
+
+
+def prefix_of(exe: str) -> str:
+    """The installation directory to bind for an interpreter or toolchain binary."""
+    real = Path(os.path.realpath(exe))
+    if real.is_relative_to(os.path.realpath(sys.base_prefix)):
+        return os.path.realpath(sys.base_prefix)
+    return str(real.parent.parent)
+
+
+class UidPool:
+    """Unprivileged uids for parallel runs when we are root: `base .. base + n - 1`."""
+
+    def __init__(self, base: int, n: int):
+        for uid in range(base, base + n):
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                continue
+            raise ConfigError(f"sandbox uid {uid} belongs to user {name!r}: set "
+                              "reward.exec.uid_base to a range no account uses")
+        self._free: queue.Queue[int] = queue.Queue()
+        for uid in range(base, base + n):
+            self._free.put(uid)
+
+    @contextmanager
+    def lease(self) -> Iterator[int]:
+        uid = self._free.get()
+        try:
+            yield uid
+        finally:
+            self._free.put(uid)
+
+
+def processes_of(uid: int) -> list[int]:
+    """Pids of the live processes whose real uid is `uid` (Linux /proc; [] elsewhere)."""
+    out = []
+    for pid in os.listdir("/proc") if os.path.isdir("/proc/self") else ():
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                text = f.read()
+        except OSError:
+            continue
+        uid_line = next((ln for ln in text.splitlines() if ln.startswith("Uid:")), "")
+        state = next((ln for ln in text.splitlines() if ln.startswith("State:")), "")
+        if uid_line.split()[1:2] == [str(uid)] and "zombie" not in state:
+            out.append(int(pid))
+    return out
+
+
+def kill_uid(uid: int) -> None:
+    """Kill every process of `uid` (we must be root): a helper with that uid signals -1."""
+    for _ in range(10):
+        if not processes_of(uid):
+            return
+        helper = shutil.which("kill") or "/bin/kill"
+        subprocess.run([helper, "-KILL", "-1"],
+                       user=uid, group=uid, extra_groups=[], stdin=subprocess.DEVNULL,
+                       capture_output=True, cwd="/", env={}, check=False)
+
+
+def seatbelt_profile(ro_paths: Sequence[str], box_host: Path) -> str:
+    """The macOS sandbox-exec profile of one run (not exercised by our CI)."""
+    reads = " ".join(f'(subpath "{p}")' for p in (*ro_paths, str(box_host)))
+    home = os.path.expanduser("~")
+    return f"""(version 1)
+(allow default)
+(deny network*)
+(deny file-write*)
+(allow file-write* (subpath "{box_host}") (literal "/dev/null") (literal "/dev/zero"))
+(deny file-read* (subpath "{home}"))
+(allow file-read* {reads})
+(deny signal)
+(allow signal (target same-sandbox))
+(deny process-info*)
+(allow process-info* (target same-sandbox))
+"""

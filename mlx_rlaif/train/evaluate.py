@@ -1,0 +1,95 @@
+"""Evaluation: sample n completions per task, score them, report pass@k.
+
+pass@k uses the unbiased estimator of Chen et al. (2021): 1 - C(n - c, k) / C(n, k) per task,
+averaged over tasks, where c of the n samples passed every test. A sample passes when its reward
+says all tests passed (`details["all_passed"]`, or the `tests` part equal to 1).
+
+Not covered: pass@k for k > n (undefined), tasks without tests (they count as not passed and
+only their mean reward is meaningful).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..backends.ops import Sample
+from ..backends.sampling import SamplingParams, prompt_formatter
+from ..records import Reward, Task
+from ..rewards.base import RewardFn
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task with c correct out of n samples."""
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def passed(reward: Reward) -> bool:
+    if "all_passed" in reward.details:
+        return bool(reward.details["all_passed"])
+    return reward.parts.get("tests") == 1.0
+
+
+def evaluate_tasks(sample: Sample, policy: Any, tasks: Sequence[Task], reward_fn: RewardFn,
+                   cfg: Any, n: int = 1, ks: Sequence[int] = (1,), seed: int = 0,
+                   temperature: float | None = None, batch_size: int = 8,
+                   out: str | Path | None = None) -> dict[str, Any]:
+    """Score n samples of every task, drawn by the backend's `sample` (`backends.ops.Ops`);
+    returns pass@k, mean reward, tokens/s and per-task rows."""
+    params = SamplingParams.from_config(cfg.generation)
+    if temperature is not None:
+        params = replace(params, temperature=temperature)
+    fmt = prompt_formatter(policy.tokenizer, cfg.model)
+    rows, tokens, seconds = [], 0.0, 0.0
+    for start in range(0, len(tasks), batch_size):
+        chunk = list(tasks[start: start + batch_size])
+        rollouts, stats = sample(policy, chunk, params, n, fmt, seed if start == 0 else None)
+        tokens += stats["gen/tokens"]
+        seconds += stats["gen/seconds"]
+        rewards = reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
+        for p, task in enumerate(chunk):
+            group = list(zip(rollouts[p * n:(p + 1) * n], rewards[p * n:(p + 1) * n], strict=True))
+            rows.append(_row(task, group))
+    result = summarize(rows, n, ks)
+    result["gen_tokens_per_sec"] = tokens / seconds if seconds else 0.0
+    result["temperature"] = params.temperature
+    if out is not None:
+        _write_rows(Path(out), rows)
+    result["tasks"] = rows
+    return result
+
+
+def _row(task: Task, group: list) -> dict[str, Any]:
+    vals = [rw.value for _, rw in group]
+    return {
+        "id": task.id, "language": task.language, "difficulty": task.difficulty,
+        "n": len(group), "correct": sum(passed(rw) for _, rw in group),
+        "rewards": vals, "completions": [r.text for r, _ in group],
+        "reasons": [rw.reason for _, rw in group],
+    }
+
+
+def summarize(rows: list[dict], n: int, ks: Sequence[int]) -> dict[str, Any]:
+    res: dict[str, Any] = {"n_tasks": len(rows), "samples_per_task": n}
+    for k in ks:
+        if k <= n:
+            res[f"pass@{k}"] = float(np.mean([pass_at_k(r["n"], r["correct"], k) for r in rows]))
+    vals = [v for r in rows for v in r["rewards"] if v is not None]
+    res["reward_mean"] = float(np.mean(vals)) if vals else float("nan")
+    return res
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    tmp.replace(path)

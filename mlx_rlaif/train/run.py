@@ -1,0 +1,91 @@
+"""The run object: everything a step needs, held by the loop (never passed to a backend), and the
+checkpoints it writes.
+
+`Run` bundles the config, the backend's operations (`backends.ops.Ops`), the policy and its
+optimizer, the reward, the run directory and the loop state (`LoopState`, replaced after each
+step). `save` writes a checkpoint through the backend; `maybe_save` applies the retention
+settings (`training.save_every_batches`, `save_every_epochs`, `save_total_limit`).
+
+Not covered: the loop itself (loop.py), the step (step.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import checkpoint
+from ..backends.ops import Ops
+from ..backends.sampling import SamplingParams
+from ..config import Config, dump
+from ..records import Task
+from ..rewards.base import RewardFn
+
+
+@dataclass
+class Run:
+    """Everything a step needs. `state` is replaced (frozen LoopState) after each step."""
+
+    cfg: Config
+    ops: Ops
+    policy: Any  # backends.mlx.policy.Policy, or backends.torch.policy.TorchPolicy
+    optimizer: Any
+    reward_fn: RewardFn
+    run_dir: Path
+    state: checkpoint.LoopState
+    format: Callable[[Task], list[int]]
+    stop: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams.from_config(self.cfg.generation)
+
+    def sample(self, tasks: list[Task], seed: int | None) -> tuple[list, dict]:
+        """G completions of each task from the live policy (`seed` None: continue the stream)."""
+        return self.ops.sample(self.policy, tasks, self.sampling,
+                               self.cfg.generation.num_samples_per_prompt, self.format, seed)
+
+
+def due_checkpoint(t: Any, step: int, epoch: int, batch: int, epoch_end: bool) -> str | None:
+    """The name of the checkpoint the training section `t` asks for after this step, if any:
+    every `save_every_batches` steps, else at the end of every `save_every_epochs` epochs."""
+    if t.save_every_batches and step % t.save_every_batches == 0:
+        return checkpoint.checkpoint_name(epoch, batch, step)
+    if epoch_end and t.save_every_epochs and epoch % t.save_every_epochs == 0:
+        return checkpoint.checkpoint_name(epoch, None, step)
+    return None
+
+
+def maybe_save(run: Run, hub: Any, epoch: int, batch: int, epoch_end: bool) -> None:
+    name = due_checkpoint(run.cfg.training, run.state.step, epoch, batch, epoch_end)
+    if name is not None:
+        save(run, hub, name)
+
+
+def saved_at(run: Run, step: int) -> bool:
+    latest = checkpoint.latest_checkpoint(run.run_dir)
+    return latest is not None and checkpoint.checkpoint_step(latest) == step
+
+
+def save(run: Run, hub: Any, name: str) -> Path:
+    s = run.state
+    recent = run.timings.get("reward_recent")
+    gain = None if recent is None or s.baseline_reward is None else recent - s.baseline_reward
+    summary = {"epoch": s.epoch, "global_step": s.step, "cursor": s.cursor,
+               "baseline_reward": s.baseline_reward, "best_reward": s.best_reward,
+               "reward_gain_from_baseline": gain}
+    path = run.ops.save(run.policy, run.optimizer, run.run_dir, name, s,
+                        {"checkpoint_summary.json": summary, "training_stats.json": hub.stats()},
+                        dump(run.cfg))
+    bits = run.cfg.training.save_mlx_model_bits
+    if bits:
+        from ..artifacts.fuse import write_mlx_model
+
+        model, tokenizer = run.ops.mlx_model(run.policy, run.cfg, path)
+        write_mlx_model(model, tokenizer, path, None if bits == 16 else bits)
+    checkpoint.prune(run.run_dir, run.cfg.training.save_total_limit)
+    hub.message(f"saved {path}")
+    return path
