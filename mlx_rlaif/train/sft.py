@@ -37,7 +37,7 @@ from ..backends.batch import chunks
 from ..backends.mlx.policy import adapter_config_for, load_policy
 from ..backends.mlx.update import apply_update, make_optimizer
 from ..backends.sampling import format_prompt
-from ..config import LoraConfig, ModelConfig, TrainingConfig, _build, opt, read_raw, to_dict
+from ..config import LoraConfig, ModelConfig, TrainingConfig, build_section, opt, read_raw, to_dict
 from ..cpu.kernels import training_fast_paths
 from ..data import read_jsonl
 from ..errors import ConfigError, DataError
@@ -80,7 +80,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     training = raw.setdefault("training", {})
     if isinstance(training, dict):
         training.setdefault("output_dir", "runs/sft")
-    cfg = _build(SFTRunConfig, raw, "")
+    cfg = build_section(SFTRunConfig, raw, "")
     if not cfg.sft.train_file:
         raise ConfigError("sft.train_file is empty: set it to a prompt/completion JSONL file")
     return cfg

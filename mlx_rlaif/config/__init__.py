@@ -1,0 +1,36 @@
+"""Configuration: the schema (`schema.py`: frozen dataclasses, one per concern, every option
+documented), strict loading from YAML with `--set` overrides (`loading.py`), and the seed
+trainer's layout translated into ours (`seed.py`)."""
+
+from .loading import (
+    apply_override,
+    build_section,
+    check,
+    documented_yaml,
+    dump,
+    from_dict,
+    load,
+    read_raw,
+    to_dict,
+)
+from .schema import (
+    Config,
+    DataConfig,
+    ExecConfig,
+    GenerationConfig,
+    LoggingConfig,
+    LoraConfig,
+    ModelConfig,
+    RewardConfig,
+    RLConfig,
+    TeacherConfig,
+    TrainingConfig,
+    opt,
+)
+
+__all__ = [
+    "Config", "DataConfig", "ExecConfig", "GenerationConfig", "LoggingConfig", "LoraConfig",
+    "ModelConfig", "RLConfig", "RewardConfig", "TeacherConfig", "TrainingConfig", "apply_override",
+    "build_section", "check", "documented_yaml", "dump", "from_dict", "load", "opt", "read_raw",
+    "to_dict",
+]

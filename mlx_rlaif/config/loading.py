@@ -1,0 +1,219 @@
+"""Loading the configuration strictly from YAML.
+
+`load(path, overrides)` reads a YAML file, applies `--set a.b=c` overrides and builds a `Config`.
+Every problem (missing file, unknown key, wrong type, out-of-range value) raises one `ConfigError`
+whose one-line message names the dotted key and the fix; nothing is loaded or written before that.
+`configs/example.yaml` (`documented_yaml`) documents every option.
+
+Not covered: environment variables other than the teacher's API key name (the key itself is
+never stored in a config).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from ..errors import ConfigError
+from .schema import Config
+
+
+def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read YAML (or start from defaults), apply `a.b=c` overrides, and check everything."""
+    return from_dict(read_raw(path, overrides))
+
+
+def read_raw(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """The YAML mapping at `path` (empty without one) with `a.b=c` overrides applied."""
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} not found: pass an existing YAML file to --config")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{p}:{mark.line + 1}" if mark else str(p)
+            raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', e)}): fix the "
+                              "syntax") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, rl:, ...)")
+    for item in overrides:
+        apply_override(raw, item)
+    return raw
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """Set `a.b=c` in a nested dict; the value is parsed as YAML (so 3, 0.1, true, [a, b] work)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rl.kl_penalty=0.05")
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {part} is not a section")
+    try:
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        node[parts[-1]] = value
+
+
+def from_dict(raw: dict) -> Config:
+    return build_section(Config, raw, "")
+
+
+def build_section(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got "
+                          f"{type(raw).__name__}: write it as a section")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(_unknown(str(key), list(known), prefix))
+    values = {}
+    for name, f in known.items():
+        if name not in raw:
+            continue
+        dotted = f"{prefix}{name}"
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            values[name] = build_section(tp, raw[name], dotted + ".")
+        else:
+            values[name] = _coerce(raw[name], tp, dotted)
+            check = f.metadata.get("check")
+            if check is not None and not check(values[name]):
+                hint = f.metadata.get("hint") or "see the comment in configs/example.yaml"
+                raise ConfigError(f"{dotted} = {values[name]!r} is out of range: {hint}")
+    return cls(**values)
+
+
+# names other tools use for our keys (TRL, mlx-lm-lora, the seed trainer)
+_SYNONYMS = {"kl_coef": "kl_penalty", "kl_coeff": "kl_penalty", "beta": "kl_penalty",
+             "lr": "learning_rate", "alpha": "scale", "lora_alpha": "scale", "r": "rank",
+             "num_generations": "num_samples_per_prompt", "group_size": "num_samples_per_prompt",
+             "max_tokens": "max_new_tokens", "max_completion_length": "max_new_tokens",
+             "epsilon": "clip_low", "epsilon_high": "clip_high", "model_path": "path"}
+
+
+def _unknown(key: str, known: list[str], prefix: str) -> str:
+    close = [_SYNONYMS[key]] if _SYNONYMS.get(key) in known else []
+    close = close or difflib.get_close_matches(key, known, n=1)
+    fix = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(known)}"
+    return f"unknown config key {prefix}{key}: {fix}"
+
+
+def _coerce(value: Any, tp: Any, dotted: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{dotted} = {value!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return None if value is None else _coerce(value, args[0], dotted)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{dotted} must be a list, got {value!r}: write [a, b]")
+        return tuple(_coerce(v, typing.get_args(tp)[0], dotted) for v in value)
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{dotted} must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{dotted} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{dotted} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{dotted} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{dotted} must be a finite number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{dotted} must be a string, got {value!r}: quote it")
+        return value
+    raise ConfigError(f"{dotted}: unsupported type {tp}")
+
+
+def to_dict(cfg: Any) -> dict:
+    """The config as plain YAML-able data (tuples become lists)."""
+    out = dataclasses.asdict(cfg)
+
+    def fix(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: fix(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [fix(v) for v in x]
+        return x
+
+    return fix(out)
+
+
+def dump(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def documented_yaml(cls: type = Config, indent: int = 0) -> str:
+    """Every option with its default and docstring, as commented YAML (configs/example.yaml)."""
+    lines: list[str] = []
+    hints = typing.get_type_hints(cls)
+    pad = "  " * indent
+    for f in fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{pad}{f.name}:")
+            lines.append(documented_yaml(tp, indent + 1))
+            continue
+        doc = f.metadata.get("doc", "")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, tuple):
+            default = list(default)
+        text = yaml.safe_dump({f.name: default}, default_flow_style=True, width=1000).strip()
+        text = text[1:-1] if text.startswith("{") else text
+        for line in _wrap(doc, 96 - len(pad)):
+            lines.append(f"{pad}# {line}")
+        lines.append(f"{pad}{text}")
+    return "\n".join(lines)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width) or [""]
+
+
+def check(cfg: Config) -> Config:
+    """Cross-field checks that single-field checks cannot express."""
+    r = cfg.reward
+    if r.type == "mix" and r.exec_weight + r.teacher_weight <= 0:
+        raise ConfigError("reward.exec_weight + reward.teacher_weight must be > 0 with type mix")
+    if r.type in ("teacher", "mix") and r.teacher.provider == "none":
+        raise ConfigError(f"reward.type = {r.type} needs a teacher: set reward.teacher.provider "
+                          "to anthropic or openai")
+    if r.teacher.mode == "rank" and r.type not in ("teacher", "mix"):
+        raise ConfigError("reward.teacher.mode = rank needs reward.type teacher or mix")
+    return cfg
