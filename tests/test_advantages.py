@@ -67,3 +67,25 @@ def test_whiten():
     a = adv.values
     assert a.mean() == pytest.approx(0.0, abs=1e-9)
     assert a.std() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_reinforce_with_group_scaling_is_refused():
+    """The old code divided [1, 1, 0, 1] (baseline 0.5) by each group's std: [5e5, 5e5, -1, 1]."""
+    with pytest.raises(ValueError, match="scale batch or none"):
+        compute([1.0, 1.0, 0.0, 1.0], ["a", "a", "b", "b"], "reinforce", "group", baseline=0.5)
+    adv = compute([1.0, 1.0, 0.0, 1.0], ["a", "a", "b", "b"], "reinforce", "batch", baseline=0.5)
+    std = np.std([1.0, 1.0, 0.0, 1.0])  # 0.4330
+    np.testing.assert_allclose(adv.values, np.array([0.5, 0.5, -0.5, 0.5]) / (std + EPS))
+
+
+def test_kl_noise_does_not_lift_a_tied_group_out_of_zero_variance():
+    """Task rewards tied in group a ([1, 1]); KL in the reward makes them 0.99 and 0.97. The
+    group is still zero-variance: counted, dropped, and (when kept) not scaled by the noise's
+    std (the old code gave it +-1)."""
+    shaped, task = [0.99, 0.97, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]
+    ids = ["a", "a", "b", "b"]
+    adv = compute(shaped, ids, "grpo", "group", task_rewards=task)
+    assert adv.frac_zero_std == 0.5 and adv.keep.tolist() == [False, False, True, True]
+    kept = compute(shaped, ids, "grpo", "group", drop_zero_std=False, task_rewards=task)
+    np.testing.assert_allclose(kept.values[:2], [0.01, -0.01], atol=1e-12)  # unscaled
+    np.testing.assert_allclose(kept.values[2:], [0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS)])

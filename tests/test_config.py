@@ -51,6 +51,14 @@ def test_bad_values(override, message):
     assert "\n" not in text
 
 
+def test_reinforce_with_group_scaling_is_a_config_error():
+    from mlx_rlaif.config import check
+
+    with pytest.raises(ConfigError, match="rl.scale to batch"):
+        check(load(None, ["rl.advantage=reinforce"]))
+    check(load(None, ["rl.advantage=reinforce", "rl.scale=batch"]))
+
+
 def test_unknown_key_suggests_the_right_one():
     with pytest.raises(ConfigError, match=r"did you mean rl\.kl_penalty"):
         load(None, ["rl.kl_penalt=0.1"])

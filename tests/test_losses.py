@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from mlx_rlaif.algo.aggregation import aggregation_weights
-from mlx_rlaif.algo.objective import clipped_surrogate, kl_estimate
+from mlx_rlaif.algo.objective import clipped_surrogate, kl_estimate, objective
 from mlx_rlaif.backends.batch import chunks
+from mlx_rlaif.config import RLConfig
 
 
 def test_kl_estimators():
@@ -49,6 +50,28 @@ def test_aggregation_weights():
     # each aggregation sums to one over the batch except the constant divisor
     w = np.array(aggregation_weights([2, 4], "sequence", 8))
     assert (w * np.array([2, 4])).sum() == pytest.approx(1.0)
+
+
+def test_constant_divisor_is_the_configured_batchs_not_the_kept_sequences():
+    """Dr. GRPO: sequences x max_new_tokens of the configured batch. Dropping zero-variance
+    groups (2 of 8 sequences kept) must not change the weight; the old code used 2."""
+    assert aggregation_weights([2, 4], "constant", 8, batch_sequences=8) == pytest.approx(
+        [1 / 64, 1 / 64])
+
+
+def test_loss_is_policy_loss_plus_the_kl_term_with_its_penalty():
+    """loss/kl (TensorBoard Train/KLPenalty) is the KL term of the loss, penalty included, so
+    Train/Loss = Train/PolicyLoss + Train/KLPenalty for any penalty (the old aux left it out)."""
+    d = math.log(0.5)  # ref - logp
+    mb = {"mask": mx.array([[1.0, 1.0]]), "weights": mx.array([[0.5, 0.5]]),
+          "old_logp": mx.array([[0.0, 0.0]]), "adv": mx.array([1.0]),
+          "ref_logp": mx.array([[d, d]])}
+    logp = mx.array([[0.0, 0.0]])
+    loss, aux = objective(logp, mx.zeros((1, 2)), mb, RLConfig(kl_estimator="k1"), 0.1)
+    # pg: ratio 1, adv 1 -> -1 per token, weighted: -1; kl k1 = -d per token, weighted: -d
+    assert aux["pg"].item() == pytest.approx(-1.0)
+    assert aux["kl_loss"].item() == pytest.approx(0.1 * -d)  # 0.0693
+    assert loss.item() == pytest.approx(aux["pg"].item() + aux["kl_loss"].item())
 
 
 def test_chunks():

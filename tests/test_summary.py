@@ -121,11 +121,24 @@ def png_size(path) -> tuple[int, int]:
 
 
 def test_summary_plot(run_dir, tmp_path):
+    pytest.importorskip("matplotlib")  # a dev extra: without it the command says so (below)
     for kind in ("batch", "epoch"):
         out = tmp_path / f"{kind}.png"
         assert run_command(summary, [str(run_dir), "--type", kind, "--plot", str(out)]) == 0
         assert png_size(out) == (1100, 700)  # figsize 11 x 7 inches at 100 dpi
         assert curve_pixels(out) > 500  # curves were drawn, not just empty axes
+
+
+def test_summary_plot_without_matplotlib_says_what_to_install(run_dir, tmp_path, monkeypatch):
+    import sys
+
+    from mlx_rlaif.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    out = tmp_path / "batch.png"
+    with pytest.raises(UsageError, match="pip install matplotlib"):  # the CLI exits with 2
+        run_command(summary, [str(run_dir), "--plot", str(out)])
+    assert not out.exists()
 
 
 def curve_pixels(path) -> int:

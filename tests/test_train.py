@@ -82,7 +82,7 @@ def test_checkpoint_retention_and_names(micro_model, prompts_file, tmp_path):
 
 @pytest.mark.parametrize("extra", [
     ("rl.advantage=rloo", "rl.loss_agg=sequence", "rl.num_iterations=2"),
-    ("rl.advantage=reinforce", "rl.loss_agg=constant", "rl.whiten=true"),
+    ("rl.advantage=reinforce", "rl.scale=batch", "rl.loss_agg=constant", "rl.whiten=true"),
     ("rl.scale=batch", "rl.kl_estimator=k3", "training.micro_batch_size=2", "training.lr_schedule=cosine", "training.warmup_steps=1"),
     ("rl.kl_penalty=0",),
 ])
@@ -171,3 +171,71 @@ def test_resume_keeps_the_controllers_kl_penalty_unless_the_user_changed_it(
     assert changed.steps[0][1]["kl/penalty"] == pytest.approx(0.5)
     assert any("rl.kl_penalty = 0.5 (changed since the checkpoint)" in m
                for m in changed.messages)
+
+
+def test_kl_in_reward_is_not_counted_again_in_the_loss(micro_model, prompts_file, tmp_path):
+    """With rl.kl_in_reward the KL shapes the reward only: the update adds no KL term (the old
+    code passed the reference to the update as well, counting the KL twice)."""
+    hub = RecordingHub()
+    train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=2",
+               "rl.kl_in_reward=true"), hub=hub)
+    m = hub.steps[-1][1]
+    assert m["kl/mean"] > 0 and "loss/kl" not in m
+    assert m["loss/total"] == pytest.approx(m["loss/policy"] - 0.05 * m["policy/entropy"],
+                                            rel=1e-3, abs=1e-6)
+
+
+def test_held_out_and_baseline_samples_reach_the_dataset(micro_model, prompts_file, tmp_path):
+    """Training fills the train split; the baseline batches the validation split; the held-out
+    evaluation the evaluation split (the old code wrote only train)."""
+    from mlx_rlaif.metrics import MetricsHub
+
+    cfg = _cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=1",
+               "logging.baseline_eval_batches=1", f"data.eval_file={prompts_file}")
+    hub = MetricsHub.create(cfg.logging, tmp_path / "run", False, 1, {})
+    run_dir = train(cfg, hub=hub)
+    rows = {s: [json.loads(x) for x in (run_dir / "datasets" / f"{s}.jsonl").read_text()
+                .splitlines()] for s in ("train", "validation", "evaluation")}
+    assert len(rows["train"]) == 6 and len(rows["validation"]) == 6  # P x G
+    assert len(rows["evaluation"]) == 2 * 6  # 6 held-out tasks, before and after, 1 sample
+    assert all(r["student_score"] == r["reward"] for r in rows["train"])
+
+
+def test_checkpoint_and_stats_agree_on_the_reward_gain(micro_model, prompts_file, tmp_path):
+    """One reward EMA for the run: checkpoint_summary.json's gain is training_stats.json's (the
+    old code kept a second EMA, decay 0.8, reset on resume)."""
+    from mlx_rlaif.metrics import MetricsHub
+
+    cfg = _cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=3")
+    run_dir = train(cfg, hub=MetricsHub.create(cfg.logging, tmp_path / "run", False, 3, {}))
+    ckpt = checkpoint.latest_checkpoint(run_dir)
+    summary = json.loads((ckpt / "checkpoint_summary.json").read_text())
+    stats = json.loads((ckpt / "training_stats.json").read_text())
+    assert summary["reward_gain_from_baseline"] is not None
+    assert summary["reward_gain_from_baseline"] == stats["reward_gain_from_baseline"]
+
+
+def test_resume_is_exact_with_a_cosine_schedule_and_another_max_steps(micro_model, prompts_file,
+                                                                        tmp_path):
+    """The schedule's horizon is the first launch's: resuming step 2 of a 4-step cosine run with
+    --max-steps 6 reproduces the 4-step run's step 4 (the old code stretched the cosine to 6)."""
+    import shutil
+
+    extra = ("training.lr_schedule=cosine", "training.warmup_steps=1",
+             "training.save_every_batches=1", "training.save_total_limit=0")
+    straight = train(_cfg(micro_model, prompts_file, tmp_path / "a", "training.max_steps=4",
+                          *extra), hub=RecordingHub())
+    (tmp_path / "b" / "checkpoints").mkdir(parents=True)
+    two = next(p for p in checkpoint.list_checkpoints(straight) if p.name.endswith("gs2"))
+    shutil.copytree(two, tmp_path / "b" / "checkpoints" / two.name)
+    hub = RecordingHub()
+    resumed = train(_cfg(micro_model, prompts_file, tmp_path / "b", "training.max_steps=6",
+                         *extra), resume_from=tmp_path / "b" / "checkpoints" / two.name, hub=hub)
+    four = {p.name[-3:]: p for p in checkpoint.list_checkpoints(resumed)}["gs4"]
+    a = _adapters(next(p for p in checkpoint.list_checkpoints(straight)
+                       if p.name.endswith("gs4")))
+    b = _adapters(four)
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-7)
+    assert checkpoint.load_state(four).total_updates == 4
+    assert any("horizon of the run's first launch (4 updates)" in m for m in hub.messages)

@@ -7,9 +7,17 @@
 then optionally divided by the group's std (`scale: group`), the batch's std (`batch`) or nothing
 (`none`, Dr. GRPO), and optionally whitened over the batch. Stds are population stds (ddof=0)
 plus 1e-6. A `None` reward (unscorable) is left out of every mean and std and gets advantage 0,
-and its sequence is left out of the loss. A group whose valid rewards are all equal (or has
-fewer than two) has zero std: it is counted (`reward/frac_zero_std`) and, by default, left out
-of the loss.
+and its sequence is left out of the loss.
+
+A group whose task rewards are all equal (or has fewer than two valid ones) carries no signal:
+it is counted (`reward/frac_zero_std`) and, by default, left out of the loss. "Task rewards"
+are the scores before any KL shaping (`task_rewards`): with the KL in the reward, KL noise
+separates tied scores, and such a group must neither escape the count nor, when kept, have
+that noise divided by its own tiny std (a kept zero-variance group is never std-scaled).
+
+`reinforce` has no group baseline, so dividing by a group's std is undefined for it (a group of
+equal rewards would get advantages of 1e6): that combination is refused; verl's REINFORCE++
+normalizes over the batch (`scale: batch`, or `whiten`).
 
 Not covered: per-token advantages (GAE needs a value model), tree rollouts.
 """
@@ -47,15 +55,22 @@ def _as_array(rewards: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
 
 def compute(rewards: Sequence[float | None], task_ids: Sequence[str], kind: str = "grpo",
             scale: str = "group", whiten: bool = False, drop_zero_std: bool = True,
-            baseline: float | None = None, decay: float = 0.9) -> Advantages:
+            baseline: float | None = None, decay: float = 0.9,
+            task_rewards: Sequence[float | None] | None = None) -> Advantages:
+    """Advantages of `rewards` (shaped, e.g. minus a KL term) grouped by `task_ids`; zero-variance
+    groups are found on `task_rewards` (the unshaped scores; default: `rewards`)."""
+    if kind == "reinforce" and scale == "group":
+        raise ValueError("advantage reinforce with scale group: a group's std is undefined "
+                         "without a group baseline: use scale batch or none")
     r, valid = _as_array(rewards)
+    task = r if task_rewards is None else _as_array(task_rewards)[0]
     adv = np.zeros_like(r)
     zero = np.zeros_like(valid)
     new_baseline = baseline
     groups = [np.array(ix) for ix in group_indices(task_ids).values()]
     for ix in groups:
         v = ix[valid[ix]]
-        if len(v) < 2 or np.ptp(r[v]) == 0:
+        if len(v) < 2 or np.ptp(task[v]) == 0:
             zero[ix] = True
     if kind == "reinforce":
         batch_mean = float(r[valid].mean()) if valid.any() else None
@@ -73,7 +88,7 @@ def compute(rewards: Sequence[float | None], task_ids: Sequence[str], kind: str 
     if scale == "group":
         for ix in groups:
             v = ix[valid[ix]]
-            if len(v) >= 2:
+            if len(v) >= 2 and not zero[ix[0]]:
                 adv[v] /= r[v].std() + EPS
     elif scale == "batch" and valid.sum() >= 2:
         adv[valid] /= r[valid].std() + EPS

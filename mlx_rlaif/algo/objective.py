@@ -61,7 +61,7 @@ def objective(logp: Any, entropy: Any, mb: dict[str, Any], rl: Any, kl_penalty: 
     if "ref_logp" in mb:
         kl = kl_estimate(logp, mb["ref_logp"], rl.kl_estimator, xp)
         per_token = per_token + kl_penalty * kl
-        aux["kl_loss"] = (kl * w).sum()
+        aux["kl_loss"] = kl_penalty * (kl * w).sum()  # the KL term of the loss, penalty included
         aux["kl"] = ((logp - mb["ref_logp"]) * mask).sum()
     loss = (per_token * w).sum()
     aux["loss"] = loss

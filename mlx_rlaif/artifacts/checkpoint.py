@@ -54,6 +54,7 @@ class LoopState:
     baseline_reward: float | None = None
     best_reward: float | None = None
     skipped: int = 0  # optimizer updates skipped for a non-finite loss or gradient
+    total_updates: int = 0  # the learning-rate schedule's horizon, fixed at the first launch
 
 
 def checkpoint_name(epoch: int, batch: int | None, step: int, final: bool = False) -> str:

@@ -25,12 +25,15 @@ from .schema import (
     RLConfig,
     TeacherConfig,
     TrainingConfig,
+    batch_sequences,
+    micro_batch_size,
     opt,
+    prompts_per_step,
 )
 
 __all__ = [
     "Config", "DataConfig", "ExecConfig", "GenerationConfig", "LoggingConfig", "LoraConfig",
     "ModelConfig", "RLConfig", "RewardConfig", "TeacherConfig", "TrainingConfig", "apply_override",
-    "build_section", "check", "documented_yaml", "dump", "from_dict", "load", "opt", "read_raw",
-    "to_dict",
+    "batch_sequences", "build_section", "check", "documented_yaml", "dump", "from_dict", "load",
+    "micro_batch_size", "opt", "prompts_per_step", "read_raw", "to_dict",
 ]

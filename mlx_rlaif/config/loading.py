@@ -216,4 +216,8 @@ def check(cfg: Config) -> Config:
                           "to anthropic or openai")
     if r.teacher.mode == "rank" and r.type not in ("teacher", "mix"):
         raise ConfigError("reward.teacher.mode = rank needs reward.type teacher or mix")
+    if cfg.rl.advantage == "reinforce" and cfg.rl.scale == "group":
+        raise ConfigError("rl.advantage = reinforce has no group baseline, so rl.scale = group "
+                          "(a group's std) is undefined for it: set rl.scale to batch "
+                          "(REINFORCE++) or none")
     return cfg

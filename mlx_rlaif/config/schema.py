@@ -137,9 +137,16 @@ class TrainingConfig:
     lr_schedule: Literal["constant", "cosine"] = opt("constant", "After warmup: constant or "
                                                      "cosine decay to min_lr_ratio * lr.")
     min_lr_ratio: float = opt(0.1, "Final lr of the cosine schedule, relative to the peak.", _unit)
+    gradient_accumulation_steps: int = opt(
+        1, "Rollout batches per optimizer step: each step samples and scores this many batches "
+        "of batch_size prompts one after the other (decoding at most batch_size x G sequences "
+        "at a time), then takes one optimizer step on all of them, micro-batched (to batch_size "
+        "x G sequences unless micro_batch_size is smaller): the update of a batch this many "
+        "times larger in the memory of one.", _pos)
     micro_batch_size: int = opt(0, "Sequences per forward/backward; gradients accumulate over "
                                 "micro-batches (0: the whole batch at once, or each prompt's "
-                                "group at once with share_prompt).", _nonneg)
+                                "group at once with share_prompt; with gradient accumulation, "
+                                "batch_size x G).", _nonneg)
     share_prompt: bool = opt(True, "Forward each prompt once for all its completions (same "
                              "result, fewer positions); off: every sequence in full. Models "
                              "without plain KV caches always take the full forward (MLX only).")
@@ -264,3 +271,22 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+def prompts_per_step(cfg: Config) -> int:
+    """Prompts one optimizer step trains on: batch_size x gradient_accumulation_steps."""
+    return cfg.training.batch_size * cfg.training.gradient_accumulation_steps
+
+
+def batch_sequences(cfg: Config) -> int:
+    """Sequences one optimizer step trains on (before any is left out): prompts x G."""
+    return prompts_per_step(cfg) * cfg.generation.num_samples_per_prompt
+
+
+def micro_batch_size(cfg: Config) -> int:
+    """Sequences per forward/backward: training.micro_batch_size, else batch_size x G when
+    accumulating over rollout batches (0: all at once)."""
+    t = cfg.training
+    if t.micro_batch_size or t.gradient_accumulation_steps == 1:
+        return t.micro_batch_size
+    return t.batch_size * cfg.generation.num_samples_per_prompt

@@ -59,7 +59,7 @@ def to_row(sample: Mapping[str, Any], timestamp: str | None) -> dict[str, Any]:
         "student_code": extract_code(completion, language),
         "completion": completion,
         "teacher_code": sample.get("teacher_code"),
-        "student_score": reward,
+        "student_score": finite(sample.get("student_score", reward)),
         "teacher_score": finite(sample.get("teacher_score")),
         "reward": reward,
         "advantage": finite(sample.get("advantage")),

@@ -11,7 +11,7 @@ only their mean reward is meaningful).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..backends.ops import Sample
 from ..backends.sampling import SamplingParams, prompt_formatter
-from ..records import Reward, Task
+from ..records import Reward, Rollout, Task
 from ..rewards.base import RewardFn
 
 
@@ -40,9 +40,12 @@ def passed(reward: Reward) -> bool:
 def evaluate_tasks(sample: Sample, policy: Any, tasks: Sequence[Task], reward_fn: RewardFn,
                    cfg: Any, n: int = 1, ks: Sequence[int] = (1,), seed: int = 0,
                    temperature: float | None = None, batch_size: int = 8,
-                   out: str | Path | None = None) -> dict[str, Any]:
+                   out: str | Path | None = None,
+                   on_scored: Callable[[list[Rollout], list[Reward]], None] | None = None
+                   ) -> dict[str, Any]:
     """Score n samples of every task, drawn by the backend's `sample` (`backends.ops.Ops`);
-    returns pass@k, mean reward, tokens/s and per-task rows."""
+    returns pass@k, mean reward, tokens/s and per-task rows. `on_scored(rollouts, rewards)` sees
+    each scored chunk (the trainer keeps them as dataset records)."""
     params = SamplingParams.from_config(cfg.generation)
     if temperature is not None:
         params = replace(params, temperature=temperature)
@@ -54,6 +57,8 @@ def evaluate_tasks(sample: Sample, policy: Any, tasks: Sequence[Task], reward_fn
         tokens += stats["gen/tokens"]
         seconds += stats["gen/seconds"]
         rewards = reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
+        if on_scored is not None:
+            on_scored(rollouts, rewards)
         for p, task in enumerate(chunk):
             group = list(zip(rollouts[p * n:(p + 1) * n], rewards[p * n:(p + 1) * n], strict=True))
             rows.append(_row(task, group))

@@ -16,19 +16,20 @@ from typing import Any
 import numpy as np
 
 from ..artifacts import checkpoint
+from ..config import prompts_per_step
 from ..data import TaskOrder
 from ..errors import TeacherError
 from ..records import Task
 from .run import Run, maybe_save, save, saved_at
-from .step import rl_step, step_seed
+from .step import rl_step, sample_records, step_seed
 
 
 def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
     cfg = run.cfg
     order = TaskOrder(len(tasks), cfg.training.seed, cfg.data.shuffle)
-    P = cfg.training.batch_size
+    P = prompts_per_step(cfg)
     if run.state.baseline_reward is None and cfg.logging.baseline_eval_batches:
-        run.state = replace(run.state, baseline_reward=baseline(run, tasks, order))
+        run.state = replace(run.state, baseline_reward=baseline(run, tasks, order, hub))
         hub.message(f"baseline reward: {run.state.baseline_reward:.4f}")
     if run.state.baseline_reward is not None:
         hub.set_baseline(run.state.baseline_reward,
@@ -47,8 +48,6 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
         epoch_end = cursor >= len(tasks)
         run.state = replace(run.state, epoch=s.epoch + epoch_end, cursor=0 if epoch_end else cursor)
         run.state = track_reward(run.state, metrics.get("reward/mean"))
-        run.timings["reward_recent"] = ema(run.timings.get("reward_recent"),
-                                           metrics.get("reward/mean"))
         metrics.update({"epoch": float(s.epoch + 1), "batch": float(s.cursor // P + 1)})
         hub.log_step(run.state.step, metrics)
         hub.log_samples(run.state.step, samples)
@@ -67,8 +66,9 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
         save(run, hub, checkpoint.checkpoint_name(0, None, run.state.step, final=True))
 
 
-def baseline(run: Run, tasks: list[Task], order: TaskOrder) -> float:
-    """Mean reward of the first N batches, sampled before any update."""
+def baseline(run: Run, tasks: list[Task], order: TaskOrder, hub: Any) -> float:
+    """Mean reward of the first N batches, sampled before any update; their completions are the
+    dataset's validation split."""
     cfg, values = run.cfg, []
     for b in range(cfg.logging.baseline_eval_batches):
         idx = order.batch(0, b * cfg.training.batch_size, cfg.training.batch_size)
@@ -77,6 +77,7 @@ def baseline(run: Run, tasks: list[Task], order: TaskOrder) -> float:
         rollouts, _ = run.sample([tasks[i] for i in idx], step_seed(cfg.training.seed + 1, b))
         rewards = run.reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
         values += [r.value for r in rewards if r.value is not None]
+        hub.log_samples(0, sample_records(0, rollouts, rewards, split="validation"))
     return float(np.mean(values)) if values else float("nan")
 
 
@@ -86,12 +87,6 @@ def track_reward(state: checkpoint.LoopState, reward: float | None) -> checkpoin
     best = reward if state.best_reward is None else max(state.best_reward, reward)
     base = state.baseline_reward if state.baseline_reward is not None else reward
     return replace(state, best_reward=best, baseline_reward=base)
-
-
-def ema(prev: float | None, x: float | None, decay: float = 0.8) -> float | None:
-    if x is None or not math.isfinite(x):
-        return prev
-    return x if prev is None else decay * prev + (1 - decay) * x
 
 
 def install_sigint() -> Callable[[], bool]:

@@ -12,7 +12,7 @@ Not covered: the loop itself (loop.py), the step (step.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,6 @@ class Run:
     state: checkpoint.LoopState
     format: Callable[[Task], list[int]]
     stop: str | None = None
-    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -71,14 +70,14 @@ def saved_at(run: Run, step: int) -> bool:
 
 
 def save(run: Run, hub: Any, name: str) -> Path:
-    s = run.state
-    recent = run.timings.get("reward_recent")
-    gain = None if recent is None or s.baseline_reward is None else recent - s.baseline_reward
+    """A checkpoint through the backend. Its summary's reward gain is the metrics hub's (one
+    EMA of the reward for the whole run, rebuilt on resume from batches.jsonl)."""
+    s, stats = run.state, hub.stats()
     summary = {"epoch": s.epoch, "global_step": s.step, "cursor": s.cursor,
                "baseline_reward": s.baseline_reward, "best_reward": s.best_reward,
-               "reward_gain_from_baseline": gain}
+               "reward_gain_from_baseline": stats.get("reward_gain_from_baseline")}
     path = run.ops.save(run.policy, run.optimizer, run.run_dir, name, s,
-                        {"checkpoint_summary.json": summary, "training_stats.json": hub.stats()},
+                        {"checkpoint_summary.json": summary, "training_stats.json": stats},
                         dump(run.cfg))
     bits = run.cfg.training.save_mlx_model_bits
     if bits:

@@ -25,38 +25,60 @@ from .run import Run
 def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
     cfg, ops, kl_penalty = run.cfg, run.ops, run.state.kl_penalty
     t0 = time.perf_counter()
-    rollouts, gen = run.sample(tasks, step_seed(cfg.training.seed, run.state.step))
+    rollouts, gen = sample_chunks(run, tasks)
     t1 = time.perf_counter()
     rewards = run.reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
     t2 = time.perf_counter()
-    values = [rw.value for rw in rewards]
-    ref, kl_seq = None, {}
-    if kl_penalty > 0 and cfg.rl.kl_in_reward:
-        ref = ops.reference(run.policy, rollouts, cfg)
-        k1 = [np.subtract(r.logprobs, q) for r, q in zip(rollouts, ref, strict=True)]
+    scores = [rw.value for rw in rewards]
+    values, ref, kl_seq = scores, None, {}
+    if kl_penalty > 0 and cfg.rl.kl_in_reward:  # the KL goes into the reward, not the loss
+        k1 = [np.subtract(r.logprobs, q)
+              for r, q in zip(rollouts, ops.reference(run.policy, rollouts, cfg), strict=True)]
         values = [None if v is None else v - kl_penalty * float(k.sum())
-                  for v, k in zip(values, k1, strict=True)]
+                  for v, k in zip(scores, k1, strict=True)]
         kl_seq = {"kl/mean": float(np.concatenate(k1).mean()) if k1 else 0.0}
     adv = advantages.compute(values, [r.task.id for r in rollouts], cfg.rl.advantage,
                              cfg.rl.scale, cfg.rl.whiten, cfg.rl.drop_zero_std,
-                             run.state.reinforce_baseline, cfg.rl.reinforce_decay)
+                             run.state.reinforce_baseline, cfg.rl.reinforce_decay,
+                             task_rewards=scores)
     keep = [i for i in range(len(rollouts)) if adv.keep[i]
             and not (cfg.rl.mask_truncated and rollouts[i].truncated)]
+    kept = [rollouts[i] for i in keep]
     if kl_penalty > 0 and not cfg.rl.kl_in_reward and keep:
-        ref = ops.reference(run.policy, [rollouts[i] for i in keep], cfg)
-    elif ref is not None:
-        ref = [ref[i] for i in keep]
-    upd, skipped = ops.update(run.policy, run.optimizer, [rollouts[i] for i in keep],
-                              adv.values[keep], ref, cfg, kl_penalty)
+        ref = ops.reference(run.policy, kept, cfg)
+    upd, skipped = ops.update(run.policy, run.optimizer, kept, adv.values[keep], ref, cfg,
+                              kl_penalty)
     t3 = time.perf_counter()
     run.state = replace(run.state, step=run.state.step + 1,
                         reinforce_baseline=adv.baseline, skipped=run.state.skipped + skipped,
-                        kl_penalty=adapt_kl(cfg, kl_penalty, upd.get("kl/mean"), len(keep)))
+                        kl_penalty=adapt_kl(cfg, kl_penalty, (kl_seq or upd).get("kl/mean"),
+                                            len(keep)))
     metrics = {**gen, **upd, **kl_seq, **step_metrics(rollouts, rewards, adv, keep),
                "kl/penalty": kl_penalty, "optim/skipped": float(run.state.skipped),
                "time/generate": t1 - t0, "time/score": t2 - t1, "time/train": t3 - t2,
                "time/step": t3 - t0, **run.reward_fn.metrics(), **memory()}
     return metrics, sample_records(run.state.step, rollouts, rewards, adv.values)
+
+
+def sample_chunks(run: Run, tasks: list[Task]) -> tuple[list[Rollout], dict[str, float]]:
+    """The step's rollouts, sampled `training.batch_size` prompts at a time (more than one
+    chunk with gradient accumulation), the sampling stream seeded once per step."""
+    P, seed = run.cfg.training.batch_size, step_seed(run.cfg.training.seed, run.state.step)
+    rollouts, stats = [], {}
+    for i in range(0, len(tasks), P):
+        part, s = run.sample(tasks[i: i + P], seed if i == 0 else None)
+        rollouts += part
+        stats = s if not stats else merge_gen_stats(stats, s)
+    return rollouts, stats
+
+
+def merge_gen_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """Generation stats of two chunks sampled one after the other."""
+    tokens, seconds = a["gen/tokens"] + b["gen/tokens"], a["gen/seconds"] + b["gen/seconds"]
+    return {**a, "gen/tokens": tokens, "gen/seconds": seconds,
+            "gen/tokens_per_sec": tokens / seconds if seconds > 0 else 0.0,
+            "gen/decode_width": max(a["gen/decode_width"], b["gen/decode_width"]),
+            "gen/decode_width_mean": (a["gen/decode_width_mean"] + b["gen/decode_width_mean"]) / 2}
 
 
 # --- metrics -------------------------------------------------------------------------------------
@@ -86,15 +108,28 @@ def step_metrics(rollouts: list[Rollout], rewards: list[Reward], adv: advantages
     return m
 
 
-def sample_records(step: int, rollouts: list[Rollout], rewards: list[Reward], adv: np.ndarray,
-                   split: str = "train") -> list[dict]:
+def sample_records(step: int, rollouts: list[Rollout], rewards: list[Reward],
+                   adv: np.ndarray | None = None, split: str = "train") -> list[dict]:
+    """One record per completion (samples.jsonl, the dataset's `split`). `student_score` is the
+    student's own score: the judge's rubric score where a teacher scored it (in ratio mode the
+    reward is a ratio), else the reward."""
+    adv = np.zeros(len(rollouts)) if adv is None else adv
     return [{
         "step": step, "task_id": r.task.id, "prompt": r.task.prompt, "language": r.task.language,
         "completion": r.text, "reward": rw.value, "parts": dict(rw.parts),
-        "advantage": float(a), "reason": rw.reason, "rationale": rw.details.get("rationale"),
-        "truncated": r.truncated, "teacher_code": rw.details.get("teacher_code"),
-        "teacher_score": rw.details.get("teacher_score"), "split": split,
+        "student_score": _detail(rw, "student_score", rw.value),
+        "advantage": float(a), "reason": rw.reason, "rationale": _detail(rw, "rationale"),
+        "truncated": r.truncated, "teacher_code": _detail(rw, "teacher_code"),
+        "teacher_score": _detail(rw, "teacher_score"), "split": split,
     } for r, rw, a in zip(rollouts, rewards, adv, strict=True)]
+
+
+def _detail(reward: Reward, key: str, default: object = None) -> object:
+    """A detail of a reward, or of one of a mix's parts (details keyed by part name)."""
+    if key in reward.details:
+        return reward.details[key]
+    found = [d[key] for d in reward.details.values() if isinstance(d, dict) and key in d]
+    return found[0] if found else default
 
 
 def memory() -> dict[str, float]:

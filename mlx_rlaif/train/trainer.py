@@ -22,7 +22,7 @@ from ..artifacts import checkpoint
 from ..artifacts.atomic import write_json_atomic
 from ..backends.ops import OPS
 from ..backends.sampling import prompt_formatter
-from ..config import Config, dump, to_dict
+from ..config import Config, dump, prompts_per_step, to_dict
 from ..data import TaskOrder, load_tasks
 from ..errors import ConfigError
 from ..records import Task
@@ -30,6 +30,7 @@ from ..rewards.build import build_reward
 from .evaluate import evaluate_tasks
 from .loop import loop
 from .run import Run
+from .step import sample_records
 
 EVAL_FILE = "eval.json"  # held-out evaluations of the run: {"before": {...}, "after": {...}}
 
@@ -51,9 +52,18 @@ def prepare(cfg: Config, run_dir: Path, resume_from: Path | None):
 
 
 def total_steps(cfg: Config, n_tasks: int) -> int:
-    per_epoch = TaskOrder(n_tasks, cfg.training.seed).batches_per_epoch(cfg.training.batch_size)
+    per_epoch = TaskOrder(n_tasks, cfg.training.seed).batches_per_epoch(prompts_per_step(cfg))
     total = per_epoch * cfg.training.num_epochs
     return min(total, cfg.training.max_steps) if cfg.training.max_steps else total
+
+
+def schedule_horizon(cfg: Config, steps: int, saved: checkpoint.LoopState | None) -> int:
+    """Optimizer updates the learning-rate schedule spans: fixed at the run's first launch
+    (saved in its checkpoints), so a resume continues the same schedule whatever
+    training.max_steps it is given (checkpoints from before 0.2 carry none: this launch's)."""
+    if saved is not None and saved.total_updates:
+        return saved.total_updates
+    return steps * cfg.rl.num_iterations
 
 
 def resumed_state(saved: checkpoint.LoopState, cfg: Config, saved_cfg: Config | None,
@@ -87,8 +97,10 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     ops = OPS[cfg.model.backend]()
     policy = ops.load(cfg)
     steps = total_steps(cfg, len(tasks))
-    optimizer = ops.optimizer(policy, cfg, steps * cfg.rl.num_iterations)
-    state = checkpoint.LoopState(kl_penalty=cfg.rl.kl_penalty)
+    saved = checkpoint.load_state(resume_from) if resume_from is not None else None
+    horizon = schedule_horizon(cfg, steps, saved)
+    optimizer = ops.optimizer(policy, cfg, horizon)
+    state = checkpoint.LoopState(kl_penalty=cfg.rl.kl_penalty, total_updates=horizon)
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint.clean_partial(run_dir)
     if hub is None:
@@ -100,6 +112,10 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         if resume_from is not None:
             state = resumed_state(ops.restore(policy, optimizer, resume_from), cfg,
                                   saved_config(resume_from), hub.message)
+            if cfg.training.lr_schedule == "cosine" and horizon != steps * cfg.rl.num_iterations:
+                hub.message(f"the learning-rate schedule keeps the horizon of the run's first "
+                            f"launch ({horizon} updates), whatever training.max_steps says now")
+            state = replace(state, total_updates=horizon)
         (run_dir / "config.yaml").write_text(dump(cfg))
         run = Run(cfg, ops, policy, optimizer, reward_fn, run_dir, state,
                   prompt_formatter(policy.tokenizer, cfg.model))
@@ -117,10 +133,13 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
 def held_out_eval(run: Run, tasks: list[Task], hub: Any, when: str) -> dict[str, float]:
     """pass@1 and mean reward on the held-out tasks, kept in eval.json under `when`
     ("before" training or "after" it) and reported to the hub."""
-    d = run.cfg.data
+    d, records = run.cfg.data, []
     res = evaluate_tasks(run.ops.sample, run.policy, tasks, run.reward_fn, run.cfg,
                          n=d.eval_samples, seed=run.cfg.training.seed,
-                         temperature=d.eval_temperature)
+                         temperature=d.eval_temperature,
+                         on_scored=lambda rs, rws: records.extend(
+                             sample_records(run.state.step, rs, rws, split="evaluation")))
+    hub.log_samples(run.state.step, records)
     summary = {"step": run.state.step, "tasks": res["n_tasks"], "samples_per_task": d.eval_samples,
                "temperature": d.eval_temperature, "pass@1": res["pass@1"],
                "reward_mean": res["reward_mean"]}

@@ -40,7 +40,7 @@ from mlx.utils import tree_map
 from ... import cpu
 from ...algo.aggregation import aggregation_weights
 from ...artifacts import checkpoint
-from ...config import Config
+from ...config import Config, batch_sequences, micro_batch_size
 from ...cpu.blas import blas_threads, openblas_thread_fns
 from ...records import Rollout
 from .. import batch as batching
@@ -58,7 +58,8 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
     if not rollouts:
         return {"train/tokens": 0.0}, 0
     lengths = [len(r.tokens) for r in rollouts]
-    w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens)
+    w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens,
+                            batch_sequences(cfg))
     mbs = [build(rollouts, rows, adv, w, ref, shared)
            for rows, shared in micro_batches(policy.model, rollouts, cfg)]
     traced = {} if traced is None else traced
@@ -186,7 +187,7 @@ def reference_streams(cfg: Config, rows: int) -> list[Any]:
     (`cpu.active()`) with OpenBLAS's thread control, 2+ cores, 2+ rows and micro_batch_size 0
     (else the memory of two micro-batches at once could exceed the one the user set), else the
     default stream."""
-    if (cfg.training.micro_batch_size or rows < 2 or (os.cpu_count() or 1) < 2
+    if (micro_batch_size(cfg) or rows < 2 or (os.cpu_count() or 1) < 2
             or not cpu.active() or openblas_thread_fns() is None):
         return [mx.default_stream(mx.default_device())]
     return _cpu_streams()
@@ -215,7 +216,7 @@ def micro_batches(model: nn.Module, rollouts: list[Rollout], cfg: Config
     """(row indices, prompts shared?) of each micro-batch. Shared (training.share_prompt and a
     model that supports it): rows ordered by prompt, so a group splits over as few micro-batches
     as the size allows; else consecutive rows."""
-    size = cfg.training.micro_batch_size
+    size = micro_batch_size(cfg)
     share = cfg.training.share_prompt and shared_prompt.supported(model)
     order = [i for g in batching.prompt_groups(rollouts) for i in g] if share \
         else list(range(len(rollouts)))

@@ -24,6 +24,7 @@ import torch
 
 from ...algo import objective
 from ...algo.aggregation import aggregation_weights
+from ...config import batch_sequences, micro_batch_size
 from ...records import Rollout
 from .. import batch as batching
 from .policy import TorchPolicy, token_logprobs
@@ -55,7 +56,7 @@ def reference_logprobs(policy: TorchPolicy, rollouts: list[Rollout], cfg: Any
     out: list[np.ndarray] = []
     zeros = [0.0] * len(rollouts)
     with torch.no_grad(), policy.model.disable_adapter():
-        for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size):
+        for s in batching.chunks(len(rollouts), micro_batch_size(cfg)):
             b = to_torch(batching.build(rollouts[s], zeros[s], zeros[s]), policy.device)
             logp = token_logprobs(policy.model, b["tokens"], cfg.generation.temperature)[0]
             logp = logp.cpu().numpy()
@@ -137,10 +138,11 @@ def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list
         return {"train/tokens": 0.0}, 0
     skipped = 0
     lengths = [len(r.tokens) for r in rollouts]
-    w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens)
+    w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens,
+                            batch_sequences(cfg))
     mbs = [to_torch(batching.build(rollouts[s], adv[s], w[s], ref[s] if ref is not None else None),
                     policy.device)
-           for s in batching.chunks(len(rollouts), cfg.training.micro_batch_size)]
+           for s in batching.chunks(len(rollouts), micro_batch_size(cfg))]
     model, tic, first = policy.model, time.perf_counter(), None
     model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
     try:
