@@ -665,3 +665,28 @@ def test_end_to_end_with_mlx_lm_server(tmp_path, monkeypatch, caplog):
     refs = {t.id: r.details["teacher_code"] for t, r in zip(tasks, rewards, strict=True)}
     judged_refs = sum(code is not None for code in refs.values())
     assert m["teacher/calls"] == 2 + judged_refs + 4 and m["teacher/input_tokens"] > 0
+
+
+def test_score_keeps_a_persistent_cache_by_default(server, tmp_path, monkeypatch):
+    """`mlx-rlaif score --teacher` twice on the same file pays once (the old code sent every
+    request again); a changed rubric misses; --no-cache sends everything."""
+    from mlx_rlaif import cli
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"Write f{i}(x).",
+                                        "completion": f"def f{i}(x):\n    return {i}\n"}) + "\n"
+                            for i in range(3)))
+    args = ["score", "--teacher", "openai", "--base-url", server.openai_url, "--model", "judge",
+            "--file", str(data), "--out", str(tmp_path / "out.jsonl"),
+            "--set", "reward.teacher.max_retries=0"]
+    assert cli.main(args) == 0
+    first = len(server.requests)
+    assert first >= 3 and (tmp_path / "cache" / "mlx-rlaif" / "teacher_cache.db").is_file()
+    assert cli.main(args) == 0
+    assert len(server.requests) == first  # all answered from the cache
+    assert cli.main([*args, "--set", "reward.teacher.criteria={correctness: 1.0}"]) == 0
+    assert len(server.requests) > first  # another rubric: asked again
+    again = len(server.requests)
+    assert cli.main([*args, "--no-cache"]) == 0
+    assert len(server.requests) == again + first  # as many as the first run

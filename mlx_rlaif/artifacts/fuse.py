@@ -28,6 +28,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 from mlx_lm.tuner.lora import LoRALinear
 
+from ..assets import model_source, resolve_model
 from ..errors import CheckpointError, UsageError
 from .atomic import atomic_dir
 from .checkpoint import base_model_of
@@ -40,12 +41,9 @@ def load_with_adapters(base: str, adapter_dir: Path) -> tuple[nn.Module, Any, di
     """mlx-lm's loader with the adapters applied: (model, tokenizer, model config)."""
     from mlx_lm.utils import load
 
-    p = Path(base)
-    if (p.exists() or base.startswith((".", "/", "~"))) and not (p / "config.json").is_file():
-        raise UsageError(f"base model {base} has no config.json: pass the model the adapters were "
-                         "trained on with --model")
+    source = model_source(base, "pass the model the adapters were trained on with --model")
     try:
-        model, tokenizer, config = load(base, adapter_path=str(adapter_dir), return_config=True)
+        model, tokenizer, config = load(source, adapter_path=str(adapter_dir), return_config=True)
     except ValueError as e:  # mlx-lm lists mismatching adapter tensors
         first = str(e).strip().splitlines()
         raise CheckpointError(f"{adapter_dir} does not fit {base} ({first[0] if first else e}): "
@@ -215,7 +213,7 @@ def save_model_dir(out: Path, model: nn.Module, tokenizer: Any, config: dict, so
     from mlx_lm.utils import save
 
     with atomic_dir(out) as tmp:
-        save(tmp, source, model, tokenizer, dict(config), donate_model=False)
+        save(tmp, resolve_model(source), model, tokenizer, dict(config), donate_model=False)
         for name, obj in (extra_json or {}).items():
             (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
     return out
@@ -235,7 +233,7 @@ def write_mlx_model(model: nn.Module, tokenizer: Any, ckpt_dir: str | Path, bits
     if config is None:
         from mlx_lm.utils import _download, load_config
 
-        config = load_config(_download(src))
+        config = load_config(_download(model_source(src)))
     q = Quantization(bits=bits) if bits else Quantization()
     fused, cfg, corr = fuse(model, config, q, min_correlation=-1.0)
     out = ckpt_dir / "mlx_model"

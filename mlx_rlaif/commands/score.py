@@ -5,7 +5,10 @@ Each input line is a task record (the fields of a task line: `prompt`, `language
 `reward` (a number, or null when the completion could not be scored), `parts`, `reason` and
 `details`. The reward comes from the config (`reward.type`, default exec) or the flags:
 `--reward`, and `--teacher/--base-url/--model`, which only set `reward.type=teacher` and
-`reward.teacher.provider/base_url/model`. The output file is written whole or not at all.
+`reward.teacher.provider/base_url/model`. The output file is written whole or not at all. Teacher
+answers are cached between runs (`reward.teacher.cache_path`, default the user cache
+~/.cache/mlx-rlaif/teacher_cache.db; `--no-cache` turns it off): a user tuning a rubric pays
+only for what changed.
 
 Not covered: streaming files larger than memory (every line is scored in one batch).
 """
@@ -38,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="Teacher model name.")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="YAML config to take the reward settings from.")
+    p.add_argument("--no-cache", action="store_true",
+                   help="Do not read or keep teacher answers in the user cache.")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="Override a config value, e.g. --set reward.exec.timeout_s=10 (repeatable).")
 
@@ -93,11 +98,25 @@ def write_atomic(path: str, lines: list[str]) -> None:
         raise
 
 
+def with_user_cache(cfg: Any, off: bool) -> Any:
+    """The config with the user cache as the teacher's cache where none is set."""
+    from dataclasses import replace
+
+    from ..rewards.teacher.cache import user_cache_path
+
+    t = cfg.reward.teacher
+    if off or t.cache_path:
+        return cfg
+    path = user_cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return replace(cfg, reward=replace(cfg.reward, teacher=replace(t, cache_path=str(path))))
+
+
 def run(args: argparse.Namespace) -> int:
     from ..config import check, load
     from ..rewards.build import build_reward
 
-    cfg = check(load(args.config, overrides(args)))
+    cfg = with_user_cache(check(load(args.config, overrides(args))), args.no_cache)
     records, tasks, completions = read_scoring_input(args.file)
     reward_fn = build_reward(cfg, None, languages={t.language for t in tasks})
     try:

@@ -7,15 +7,16 @@ import sys
 from pathlib import Path
 
 from ..artifacts import checkpoint
+from ..assets import QUICKSTART
 from ..config import load
 from ..errors import UsageError
 
 HELP = "Train a code model with RL (sample, score, LoRA policy-gradient update)."
-QUICKSTART = "configs/quickstart.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help=f"YAML config (default: {QUICKSTART} when it exists)")
+    p.add_argument("--config", help="YAML config (default: the quickstart shipped with the "
+                   "package, configs/quickstart.yaml in the repository)")
     p.add_argument("--model", help="model directory or hub id (model.path)")
     p.add_argument("--train-file", help="training tasks: JSONL or suite:NAME (data.train_file)")
     p.add_argument("--eval-file",
@@ -49,13 +50,13 @@ def config_path(args: argparse.Namespace) -> str | None:
         run_dir = Path(args.resume or _output_dir(args))
         saved = run_dir / "config.yaml"
         return str(saved) if saved.is_file() else None
-    return QUICKSTART if Path(QUICKSTART).is_file() else None
+    return str(QUICKSTART)
 
 
 def _output_dir(args: argparse.Namespace) -> str:
     if args.output_dir:
         return args.output_dir
-    cfg = load(args.config if args.config else None, list(args.set))
+    cfg = load(args.config or str(QUICKSTART), list(args.set))
     return cfg.training.output_dir
 
 

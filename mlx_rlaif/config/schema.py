@@ -32,8 +32,9 @@ def _unit(v: float) -> bool:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = opt("models/tiny-coder", "Model to train: a local directory mlx-lm loads (HF "
-                    "layout or MLX-converted, quantized included) or a hub id (needs network).")
+    path: str = opt("builtin:tiny-coder", "Model to train: a local directory mlx-lm loads (HF "
+                    "layout or MLX-converted, quantized included), a hub id (needs network), or "
+                    "builtin:tiny-coder (the tiny model shipped with the package).")
     trust_remote_code: bool = opt(False, "Allow custom model code shipped with a hub model.")
     chat_template: bool = opt(True, "Wrap prompts in the tokenizer's chat template when it has one.")
     system_prompt: str = opt("", "Optional system message put before each prompt.")

@@ -23,6 +23,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 
 from ...artifacts import checkpoint
 from ...artifacts.lora import LORA_TYPES, LoraSpec, adapter_config, lora_layers, spec_of
+from ...assets import model_source
 from ...errors import UsageError
 
 
@@ -39,13 +40,9 @@ def load_model(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, A
     """mlx-lm's loader, with a one-line error for a path that is neither a model nor a hub id."""
     from mlx_lm import load
 
-    p = Path(path)
-    looks_local = p.exists() or path.startswith((".", "/", "~"))
-    if looks_local and not (p / "config.json").is_file():
-        raise UsageError(f"model {path}: no config.json there: pass a model directory "
-                         "(HF layout or `mlx-rlaif convert` output) or a hub id")
+    source = model_source(path)
     try:
-        return load(path, tokenizer_config={"trust_remote_code": trust_remote_code},
+        return load(source, tokenizer_config={"trust_remote_code": trust_remote_code},
                     trust_remote_code=trust_remote_code)
     except Exception as e:  # hub errors, missing weights, unsupported architectures
         raise UsageError(f"model {path} could not be loaded ({type(e).__name__}: "

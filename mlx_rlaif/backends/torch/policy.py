@@ -30,6 +30,7 @@ from typing import Any
 from ...artifacts import checkpoint
 from ...artifacts.lora import LoraSpec, adapter_config, spec_of
 from ...artifacts.peft import mlx_from_peft, peft_weights
+from ...assets import model_source
 from ...errors import CheckpointError, UsageError
 
 try:
@@ -70,14 +71,12 @@ def pick_device(device: str | None = None) -> torch.device:
 def _local_dir(path: str) -> Path:
     from mlx_lm.utils import _download
 
-    p = Path(path)
-    if p.exists() or path.startswith((".", "/", "~")):
-        if not (p / "config.json").is_file():
-            raise UsageError(f"model {path}: no config.json there: pass a Hugging Face model "
-                             "directory or a hub id")
-        return p
+    source = model_source(path, "pass a Hugging Face model directory, builtin:tiny-coder or a "
+                                "hub id")
+    if Path(source).is_dir():
+        return Path(source)
     try:
-        return _download(path)
+        return _download(source)
     except Exception as e:  # hub errors
         raise UsageError(f"model {path} could not be downloaded ({type(e).__name__}): check the "
                          "hub id or pass a local directory") from e

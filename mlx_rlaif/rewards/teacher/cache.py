@@ -29,6 +29,15 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS answers (
     value TEXT NOT NULL, created REAL NOT NULL)"""
 
 
+def user_cache_path() -> Path:
+    """The cache `mlx-rlaif score` keeps between runs: $XDG_CACHE_HOME/mlx-rlaif/ (default
+    ~/.cache/mlx-rlaif/), so re-scoring a file with the same rubric and model pays nothing."""
+    import os
+
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "mlx-rlaif" / "teacher_cache.db"
+
+
 def cache_key(*parts: str) -> str:
     """sha256 of the parts, unambiguously joined."""
     return hashlib.sha256(json.dumps(list(parts)).encode()).hexdigest()
