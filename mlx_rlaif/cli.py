@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "export-peft": "export_peft",
     "validate": "validate",
     "sft": "sft",
+    "migrate-config": "migrate_config",
 }
 
 

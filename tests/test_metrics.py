@@ -474,6 +474,48 @@ def test_card_meta_reads_nested_and_flat_configs():
     from mlx_rlaif.metrics.hub import card_meta
 
     nested = card_meta(to_dict(Config()))
-    flat = card_meta({"model.path": "models/tiny-coder", "reward.type": "exec"})
-    assert nested["model"] == flat["model"] == "models/tiny-coder"
+    flat = card_meta({"model.path": "builtin:tiny-coder", "reward.type": "exec"})
+    assert nested["model"] == flat["model"] == "builtin:tiny-coder"
     assert nested["reward"] == flat["reward"] == "exec" and "teacher_provider" not in nested
+
+
+def test_seed_scoring_and_metal_tags(tmp_path, monkeypatch):
+    """The seed's Scoring/* tags (the rubric's weights) and, on Apple silicon, its Metal memory
+    tags: GPU memory used (MLX active memory), the MLX cache and its growth, and macOS's
+    physical footprint. Elsewhere the Metal and footprint tags are left out."""
+    assert "memory/mlx_active_gb" not in system.snapshot()  # this CPU build: no Metal readings
+    assert "memory/footprint_gb" not in system.snapshot()  # Linux: no footprint
+    caches = iter([1.0, 1.25, 1.75, 2.0])
+    monkeypatch.setattr(system, "metal_memory", lambda: {"memory/mlx_active_gb": 3.5,
+                                                         "memory/mlx_cache_gb": next(caches)})
+    monkeypatch.setattr(system, "footprint_gb", lambda: 4.25)
+    hub = make_hub(tmp_path)
+    for step in (1, 2, 3):
+        hub.log_step(step, step_metrics(step, **{"scoring/correctness": 0.3,
+                                                 "scoring/code_quality": 0.3}))
+    hub.close()
+    tags = scalars(read_events(tmp_path / "tensorboard"))
+    assert tags["Scoring/Correctness"][1] == pytest.approx(0.3)
+    assert tags["Scoring/CodeQuality"][3] == pytest.approx(0.3)
+    assert tags["System/GPU_Memory_Used_GB"][2] == 3.5
+    assert tags["Batch/Metal/MLX_Cache_GB"] == {1: 1.0, 2: 1.25, 3: 1.75}
+    assert tags["Batch/Metal/MLX_Cache_Growth_GB"] == {2: 0.25, 3: 0.5}
+    assert tags["System/Process_Footprint_GB"][1] == 4.25
+
+
+def test_footprint_is_read_from_rusage_info():
+    import struct
+
+    buf = bytes(16) + struct.pack("<9Q", 1, 2, 3, 4, 5, 6, 7, 3 * 1024**3, 9)
+    assert system.footprint_from(buf) == pytest.approx(3.0)  # phys_footprint, in GiB
+
+
+def test_metal_memory_is_read_only_on_metal(monkeypatch):
+    import mlx.core as mx
+
+    monkeypatch.setattr(system, "on_metal", lambda: True)
+    got = system.metal_memory()
+    assert got["memory/mlx_active_gb"] == pytest.approx(mx.get_active_memory() / 1024**3)
+    assert set(got) == {"memory/mlx_active_gb", "memory/mlx_cache_gb"}
+    monkeypatch.setattr(system, "on_metal", lambda: False)
+    assert system.metal_memory() == {}

@@ -239,3 +239,26 @@ def test_resume_is_exact_with_a_cosine_schedule_and_another_max_steps(micro_mode
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-7)
     assert checkpoint.load_state(four).total_updates == 4
     assert any("horizon of the run's first launch (4 updates)" in m for m in hub.messages)
+
+
+def test_model_quantize_trains_lora_on_a_4bit_base(micro_model, prompts_file, tmp_path):
+    """model.quantize: 4 (the seed's model.use_4bit) quantizes the base at load; the adapters
+    sit on quantized layers and train."""
+    import mlx.nn as nn
+
+    from mlx_rlaif.backends.ops import mlx_ops
+    from mlx_rlaif.config import check
+
+    cfg = _cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=2",
+               "model.quantize=4")
+    policy = mlx_ops().load(cfg)
+    q = policy.model.layers[0].self_attn.q_proj
+    assert isinstance(q.linear, nn.QuantizedLinear) and q.linear.bits == 4
+    hub = RecordingHub()
+    run_dir = train(cfg, hub=hub)
+    assert hub.steps[-1][1]["optim/grad_norm"] > 0 and hub.steps[-1][1]["kl/mean"] > 0
+    start = _adapters(checkpoint.latest_checkpoint(run_dir))
+    assert any(np.abs(v).max() > 0 for k, v in start.items() if k.endswith("lora_b"))
+    with pytest.raises(ConfigError, match="MLX-only"):
+        check(_cfg(micro_model, prompts_file, tmp_path / "x", "model.quantize=4",
+                   "model.backend=torch"))

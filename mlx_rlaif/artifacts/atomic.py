@@ -44,6 +44,14 @@ def atomic_dir(out: Path) -> Iterator[Path]:
     os.replace(tmp, out)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` beside `path`, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
 

@@ -80,7 +80,8 @@ def mlx_ops() -> Ops:
 
     return Ops(
         load=lambda cfg: load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
-                                     cfg.training.seed, cfg.model.trust_remote_code),
+                                     cfg.training.seed, cfg.model.trust_remote_code,
+                                     cfg.model.quantize),
         optimizer=lambda policy, cfg, n: update.make_optimizer(cfg.training, n), sample=sample,
         reference=reference, update=update_, save=save, restore=update.restore,
         mlx_model=lambda policy, cfg, path: (policy.model, policy.tokenizer))

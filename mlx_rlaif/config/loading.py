@@ -3,7 +3,8 @@
 `load(path, overrides)` reads a YAML file, applies `--set a.b=c` overrides and builds a `Config`.
 Every problem (missing file, unknown key, wrong type, out-of-range value) raises one `ConfigError`
 whose one-line message names the dotted key and the fix; nothing is loaded or written before that.
-`configs/example.yaml` (`documented_yaml`) documents every option.
+`configs/example.yaml` (`documented_yaml`) documents every option. A file in the seed trainer's
+layout is translated first (seed.py), each key that no longer applies logged as one line.
 
 Not covered: environment variables other than the teacher's API key name (the key itself is
 never stored in a config).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import logging
 import math
 import types
 import typing
@@ -25,6 +27,7 @@ import yaml
 
 from ..errors import ConfigError
 from .schema import Config
+from .seed import translate
 
 
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -33,23 +36,31 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
 
 
 def read_raw(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
-    """The YAML mapping at `path` (empty without one) with `a.b=c` overrides applied."""
+    """The YAML mapping at `path` (empty without one; the seed trainer's layout translated, a
+    line logged per key that no longer applies) with `a.b=c` overrides applied."""
     raw: dict = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} not found: pass an existing YAML file to --config")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{p}:{mark.line + 1}" if mark else str(p)
-            raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', e)}): fix the "
-                              "syntax") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, rl:, ...)")
+        raw, notes = translate(read_yaml(Path(path)))
+        for note in notes:
+            logging.getLogger("mlx_rlaif").info(f"{path}: {note}")
     for item in overrides:
         apply_override(raw, item)
+    return raw
+
+
+def read_yaml(p: Path) -> dict:
+    """The top-level mapping of a YAML config file; ConfigError names file:line otherwise."""
+    if not p.is_file():
+        raise ConfigError(f"config file {p} not found: pass an existing YAML file to --config")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark else str(p)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', e)}): fix the "
+                          "syntax") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, rl:, ...)")
     return raw
 
 
@@ -216,6 +227,9 @@ def check(cfg: Config) -> Config:
                           "to anthropic or openai")
     if r.teacher.mode == "rank" and r.type not in ("teacher", "mix"):
         raise ConfigError("reward.teacher.mode = rank needs reward.type teacher or mix")
+    if cfg.model.backend == "torch" and cfg.model.quantize:
+        raise ConfigError("model.quantize is MLX-only: the torch backend trains float weights "
+                          "(pass a float model and set model.quantize to 0)")
     if cfg.rl.advantage == "reinforce" and cfg.rl.scale == "group":
         raise ConfigError("rl.advantage = reinforce has no group baseline, so rl.scale = group "
                           "(a group's std) is undefined for it: set rl.scale to batch "

@@ -35,6 +35,10 @@ class ModelConfig:
     path: str = opt("builtin:tiny-coder", "Model to train: a local directory mlx-lm loads (HF "
                     "layout or MLX-converted, quantized included), a hub id (needs network), or "
                     "builtin:tiny-coder (the tiny model shipped with the package).")
+    quantize: int = opt(0, "Quantize the base model's weights to this many bits at load (4 or 8; "
+                        "0: as stored): QLoRA, adapters trained on the quantized layers. A model "
+                        "already quantized (`mlx-rlaif convert -q`) is used as it is.",
+                        lambda v: v in (0, 4, 8), "use 0, 4 or 8")
     trust_remote_code: bool = opt(False, "Allow custom model code shipped with a hub model.")
     chat_template: bool = opt(True, "Wrap prompts in the tokenizer's chat template when it has one.")
     system_prompt: str = opt("", "Optional system message put before each prompt.")

@@ -29,6 +29,9 @@ SEED_STEP_TAGS: dict[str, tuple[str, ...]] = {
     "train/tokens_per_sec": ("Performance/Backprop_TokensPerSec",),
     "time/generate": ("Performance/Generation_Time",),
     "memory/rss_gb": ("System/Process_RSS_GB", "System/Process_Memory_GB"),
+    "memory/footprint_gb": ("System/Process_Footprint_GB",),
+    "memory/mlx_active_gb": ("System/GPU_Memory_Used_GB",),
+    "memory/mlx_cache_gb": ("Batch/Metal/MLX_Cache_GB",),
     "system/cpu_percent": ("System/CPU_Percent",),
     "system/memory_percent": ("System/Memory_Percent",),
     "system/memory_used_gb": ("System/Memory_Used_GB",),
@@ -63,6 +66,13 @@ def step_scalars(metrics: Mapping[str, Any], stats: RunStats) -> dict[str, float
             out.update(dict.fromkeys(tags, out[key]))
     if "reward/std" in out:
         out["Train/RewardVariance"] = out["reward/std"] ** 2
+    for key, value in metrics.items():  # the rubric's weights: Scoring/Correctness, ...
+        if key.startswith("scoring/") and (x := finite(value)) is not None:
+            out["Scoring/" + key.split("/", 1)[1].title().replace("_", "")] = x
+    previous = stats.window[-2] if len(stats.window) > 1 else {}
+    growth = _growth(out.get("memory/mlx_cache_gb"), previous.get("memory/mlx_cache_gb"))
+    if growth is not None:
+        out["Batch/Metal/MLX_Cache_Growth_GB"] = growth
     out["Performance/Generation_TotalTokens_Cumulative"] = stats.gen_tokens
     out["Performance/Training_TotalTokens_Cumulative"] = stats.train_tokens
     totals = stats.teacher_totals()
@@ -71,6 +81,11 @@ def step_scalars(metrics: Mapping[str, Any], stats: RunStats) -> dict[str, float
     if "teacher/output_tokens" in totals:
         out["Performance/Scoring_TotalTokens_Output_Cumulative"] = totals["teacher/output_tokens"]
     return out
+
+
+def _growth(now: float | None, before: object) -> float | None:
+    before = finite(before)
+    return None if now is None or before is None else now - before
 
 
 def epoch_scalars(agg: Mapping[str, Any], stats: RunStats) -> dict[str, float]:

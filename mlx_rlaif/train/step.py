@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-import mlx.core as mx
 import numpy as np
 
 from ..algo import advantages
@@ -56,7 +55,7 @@ def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
     metrics = {**gen, **upd, **kl_seq, **step_metrics(rollouts, rewards, adv, keep),
                "kl/penalty": kl_penalty, "optim/skipped": float(run.state.skipped),
                "time/generate": t1 - t0, "time/score": t2 - t1, "time/train": t3 - t2,
-               "time/step": t3 - t0, **run.reward_fn.metrics(), **memory()}
+               "time/step": t3 - t0, **run.reward_fn.metrics()}
     return metrics, sample_records(run.state.step, rollouts, rewards, adv.values)
 
 
@@ -130,13 +129,6 @@ def _detail(reward: Reward, key: str, default: object = None) -> object:
         return reward.details[key]
     found = [d[key] for d in reward.details.values() if isinstance(d, dict) and key in d]
     return found[0] if found else default
-
-
-def memory() -> dict[str, float]:
-    import psutil
-
-    return {"memory/mlx_peak_gb": mx.get_peak_memory() / 1e9,
-            "memory/rss_gb": psutil.Process().memory_info().rss / 1e9}
 
 
 # --- small pure helpers ----------------------------------------------------------------------------

@@ -51,9 +51,14 @@ def load_model(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, A
 
 
 def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | None = None,
-                seed: int = 0, trust_remote_code: bool = False) -> Policy:
-    """Load the base model, freeze it and add LoRA layers (from `adapter` if given)."""
+                seed: int = 0, trust_remote_code: bool = False, quantize: int = 0) -> Policy:
+    """Load the base model (quantized to `quantize` bits at load when it is not quantized
+    already: QLoRA), freeze it and add LoRA layers (from `adapter` if given)."""
     model, tokenizer = load_model(model_path, trust_remote_code)
+    if quantize and not is_quantized(model):
+        from mlx_lm.utils import quantize_model
+
+        quantize_model(model, {}, None, quantize)
     model.freeze()
     lora = lora_cfg or LoraSpec()
     num_layers = getattr(lora, "num_layers", -1)
@@ -69,6 +74,11 @@ def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | Non
     model.train(False)
     mx.eval(model.parameters())
     return Policy(model, tokenizer, model_path, num_layers, lora)
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any layer of `model` holds quantized weights."""
+    return any(hasattr(m, "bits") for _, m in model.named_modules())
 
 
 def add_lora(model: nn.Module, lora: Any, num_layers: int) -> None:

@@ -182,8 +182,10 @@ class TeacherReward:
 
     def metrics(self) -> dict[str, float]:
         """Running totals since construction: `teacher/calls`, `cache_hits`, `input_tokens`,
-        `output_tokens`, `cost_usd`, `unscorable` (a step's share is the difference)."""
-        return self._run.metrics("teacher/")
+        `output_tokens`, `cost_usd`, `unscorable` (a step's share is the difference); and the
+        rubric's weights, `scoring/<criterion>` (the seed trainer's Scoring/* tags)."""
+        weights = {f"scoring/{c.name}": c.weight for c in self.rubric.criteria}
+        return {**self._run.metrics("teacher/"), **weights}
 
     def step_metrics(self) -> dict[str, float]:
         """The same counters for the last score() call only."""
