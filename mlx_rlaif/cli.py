@@ -47,10 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging() -> None:
-    """Our own INFO lines (the sandbox chosen, ...) on stderr; other libraries only warn."""
+    """Our own INFO lines (the sandbox chosen, ...) on stderr; other libraries only warn. Once
+    per process (main may run several times in one, as in tests)."""
+    logger = logging.getLogger("mlx_rlaif")
+    if any(getattr(h, "_mlx_rlaif", False) for h in logger.handlers):
+        return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
-    logger = logging.getLogger("mlx_rlaif")
+    handler._mlx_rlaif = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False

@@ -27,8 +27,13 @@ SEED = Path(__file__).parent / "data" / "seed_config.yaml"
 
 
 def test_the_seed_config_loads_unchanged_with_a_line_per_pointless_key(caplog):
-    with caplog.at_level(logging.INFO, logger="mlx_rlaif"):
-        cfg = load(SEED)
+    logger = logging.getLogger("mlx_rlaif")  # the CLI stops its propagation to the root
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="mlx_rlaif"):
+            cfg = load(SEED)
+    finally:
+        logger.removeHandler(caplog.handler)
     t = cfg.training
     assert (t.batch_size, t.gradient_accumulation_steps, t.save_total_limit) == (2, 16, 3)
     assert t.save_every_batches == 500 and t.save_every_epochs == 1

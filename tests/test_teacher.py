@@ -518,7 +518,10 @@ def test_metrics_are_plain_floats_per_run_and_step(server):
         m, step = t.metrics(), t.step_metrics()
     keys = {f"teacher/{k}" for k in ("calls", "cache_hits", "input_tokens", "output_tokens",
                                      "cost_usd", "unscorable")}
-    assert set(m) == set(step) == keys
+    weights = {f"scoring/{c}" for c in ("correctness", "code_quality", "efficiency",
+                                        "documentation")}
+    assert set(m) == keys | weights and set(step) == keys
+    assert m["scoring/correctness"] == 0.3  # the rubric's weight: the seed's Scoring/* tags
     assert all(type(v) is float for v in [*m.values(), *step.values()])
     assert m["teacher/calls"] == 2.0 and step["teacher/calls"] == 1.0
     assert m["teacher/cost_usd"] == pytest.approx(2 * (100 * 3 + 20 * 15) / 1e6)
