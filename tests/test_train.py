@@ -262,3 +262,12 @@ def test_model_quantize_trains_lora_on_a_4bit_base(micro_model, prompts_file, tm
     with pytest.raises(ConfigError, match="MLX-only"):
         check(_cfg(micro_model, prompts_file, tmp_path / "x", "model.quantize=4",
                    "model.backend=torch"))
+
+
+def test_skipped_updates_and_the_schedule_horizon_survive_a_checkpoint(tmp_path):
+    """optim/skipped counts for the whole run: the count is loop state, saved and restored (the
+    old LoopState had no such field, so a resumed run restarted it at 0)."""
+    state = checkpoint.LoopState(step=3, skipped=2, total_updates=40, kl_penalty=0.05)
+    ckpt = checkpoint.write_checkpoint(tmp_path, "checkpoint-e1-b3-gs3", lambda d: None, {},
+                                       state)
+    assert checkpoint.load_state(ckpt) == state
