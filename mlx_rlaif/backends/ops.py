@@ -65,7 +65,7 @@ def mlx_ops() -> Ops:
 
     def reference(policy: Any, rollouts: list[Rollout], cfg: Config) -> list[np.ndarray]:
         with training_fast_paths(policy.model):
-            return update.reference_logprobs(policy.model, rollouts, cfg)
+            return update.reference_logprobs(policy.model, rollouts, cfg, policy.split)
 
     def update_(policy: Any, optimizer: Any, rollouts: list[Rollout], adv: np.ndarray,
                 ref: list[np.ndarray] | None, cfg: Config, kl_penalty: float

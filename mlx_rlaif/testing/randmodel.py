@@ -15,6 +15,8 @@ from pathlib import Path
 SHAPES: dict[str, dict] = {
     "micro": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=512),
+    "wide-vocab": dict(hidden_size=64, num_hidden_layers=1, intermediate_size=128,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=65536),
     "tiny": dict(hidden_size=256, num_hidden_layers=4, intermediate_size=688,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=4096),
     "qwen0.5b": dict(hidden_size=896, num_hidden_layers=24, intermediate_size=4864,

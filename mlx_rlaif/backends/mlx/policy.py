@@ -25,6 +25,7 @@ from ...artifacts import checkpoint
 from ...artifacts.lora import LORA_TYPES, LoraSpec, adapter_config, lora_layers, spec_of
 from ...assets import model_source
 from ...errors import UsageError
+from .loss import Split, split_head
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Policy:
     base_model: str
     num_layers: int
     lora: Any  # the LoraConfig-like object used (rank, scale, dropout, keys)
+    split: Split | None = None  # the model as body + head (loss.split_head), where it is one
 
 
 def load_model(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, Any]:
@@ -73,7 +75,7 @@ def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | Non
         checkpoint.load_weights_into(model, adapter_dir)
     model.train(False)
     mx.eval(model.parameters())
-    return Policy(model, tokenizer, model_path, num_layers, lora)
+    return Policy(model, tokenizer, model_path, num_layers, lora, split_head(model))
 
 
 def is_quantized(model: nn.Module) -> bool:

@@ -67,7 +67,9 @@ def supported(model: nn.Module) -> bool:
 
 
 def logits(model: nn.Module, mb: dict[str, mx.array], tokens: mx.array) -> mx.array:
-    """Logits of `tokens` [N, W] after each row's prompt (mb's prefix/prefix_len/group): [N, W, V]."""
+    """The model's outputs for `tokens` [N, W] after each row's prompt (mb's prefix/prefix_len/
+    group): logits [N, W, V], or hidden states [N, W, D] when `model` is a transformer body
+    (`loss.Split.body`)."""
     prefix = mb["prefix"]
     if prefix.shape[1] == 0:
         return model(tokens)
@@ -78,7 +80,7 @@ def logits(model: nn.Module, mb: dict[str, mx.array], tokens: mx.array) -> mx.ar
 
 
 def batch_logits(model: nn.Module, mb: dict[str, mx.array]) -> mx.array:
-    """Logits for a micro-batch in either layout: batch.build_shared's (with `prefix`) or
-    batch.build's (every row in full)."""
+    """The model's outputs (as `logits`) for a micro-batch in either layout:
+    batch.build_shared's (with `prefix`) or batch.build's (every row in full)."""
     inputs = mb["tokens"][:, :-1]
     return logits(model, mb, inputs) if "prefix" in mb else model(inputs)

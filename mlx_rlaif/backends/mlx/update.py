@@ -45,7 +45,7 @@ from ...cpu.blas import blas_threads, openblas_thread_fns
 from ...records import Rollout
 from .. import batch as batching
 from . import shared_prompt
-from .loss import logprobs_and_entropy, rl_loss
+from .loss import Split, chunked_value_and_grad, micro_batch_stats, needs_chunks, rl_loss
 from .policy import Policy, lora_disabled
 
 
@@ -64,7 +64,7 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
            for rows, shared in micro_batches(policy.model, rollouts, cfg)]
     traced = {} if traced is None else traced
     model = policy.model
-    grad = kept(traced, "grad", model, lambda: grad_fn(model, cfg))
+    grad = kept(traced, "grad", model, lambda: grad_fn(model, cfg, policy.split))
     penalty = mx.array(kl_penalty, dtype=mx.float32)
     tic, first, aux, skipped = time.perf_counter(), None, {}, 0
     model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
@@ -88,13 +88,18 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
 COMPILE_MAX_LOGITS_MB = 64  # larger micro-batch logits (rows x positions x vocab) run eagerly
 
 
-def grad_fn(model: nn.Module, cfg: Config) -> Callable[..., Any]:
-    """`(mb, kl_penalty) -> ((loss, aux), grads)` of `rl_loss` for the model's trainable arrays,
-    compiled where the micro-batch is small enough (`small_compiled`)."""
-    value_and_grad = nn.value_and_grad(model, partial(rl_loss, rl=cfg.rl,
-                                                      temperature=cfg.generation.temperature))
-    return small_compiled(lambda mb, kl_penalty: value_and_grad(model, mb, kl_penalty=kl_penalty),
-                          model)
+def grad_fn(model: nn.Module, cfg: Config, split: Split | None = None) -> Callable[..., Any]:
+    """`(mb, kl_penalty) -> ((loss, aux), grads)` of `rl_loss` for the model's trainable arrays:
+    compiled where the micro-batch is small enough (`small_compiled`), in bounded vocabulary
+    memory (`loss.chunked_value_and_grad`) where its logits would not fit a chunk."""
+    T = cfg.generation.temperature
+    value_and_grad = nn.value_and_grad(model, partial(rl_loss, rl=cfg.rl, temperature=T))
+    whole = small_compiled(lambda mb, kl_penalty: value_and_grad(model, mb, kl_penalty=kl_penalty),
+                           model)
+    if split is None:
+        return whole
+    chunked = chunked_value_and_grad(model, split, cfg.rl, T)
+    return lambda mb, kl_penalty: (chunked if needs_chunks(split, mb) else whole)(mb, kl_penalty)
 
 
 def small_compiled(fn: Callable[..., Any], model: nn.Module) -> Callable[..., Any]:
@@ -148,8 +153,8 @@ def apply_update(model: nn.Module, optimizer: optim.Optimizer, grads: Any, loss:
     return norm_v, True
 
 
-def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
-                       ) -> list[np.ndarray]:
+def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config,
+                       split: Split | None = None) -> list[np.ndarray]:
     """Log-probs of each completion under the frozen base (same weights, LoRA layers bypassed).
 
     On MLX's CPU backend with OpenBLAS and 2+ cores, a whole-batch pass (micro_batch_size 0) is
@@ -170,9 +175,8 @@ def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config
             logps = []
             for b, stream in zip(built, streams, strict=False):
                 with mx.stream(stream):
-                    logps.append(logprobs_and_entropy(shared_prompt.batch_logits(model, b),
-                                                      b["tokens"][:, 1:],
-                                                      cfg.generation.temperature)[0])
+                    logps.append(micro_batch_stats(model, split, b,
+                                                   cfg.generation.temperature)[0])
             mx.eval(logps)
             for (rows, _), b, logp in zip(wave, built, map(np.array, logps), strict=True):
                 for i, j in enumerate(rows):
