@@ -2,7 +2,18 @@
 
 `make_model_dir(path, shape)` writes config.json, model.safetensors and a byte-level BPE
 tokenizer with a ChatML template, so `mlx_lm.load(path)` loads it like any HF model. Shapes:
-`tiny` (4 layers, width 256, vocab 4096: the benchmark's) and `qwen0.5b` (Qwen2.5-0.5B's shape).
+`micro` and `tiny` (4 layers, width 256, vocab 4096: the benchmark's), `qwen0.5b` (Qwen2.5-0.5B's
+shape: 24 layers, width 896, vocab 151,936) and `qwen-micro` (Qwen2.5's vocabulary on 2 layers
+of width 64: the real tokenizer's paths, fast).
+
+The tokenizer is a toy BPE (at most 4,096 ids, trained on a few lines of code; its ChatML template
+has no system prompt; one end-of-sequence id) unless `tokenizer="qwen"`, which writes Qwen2.5's
+real tokenizer (`testing/qwen_tokenizer.py`: needs the dev dependency qwen-tokenizer) for the
+shapes with Qwen2.5's vocabulary: its 151,665 ids (the rest of the 151,936 rows are padding, as
+in the real model), Qwen2.5-Coder-Instruct's ChatML template with the default system prompt,
+eos `<|im_end|>`, and generation_config.json with both end-of-sequence ids (`<|im_end|>`,
+`<|endoftext|>`), so the `qwen0.5b` fixture built that way runs the real paths: two stop ids,
+the chat template, code decoded from real token ids.
 
 Not covered: trained weights (see tools/make_tiny_model.py for the shipped model).
 """
@@ -11,6 +22,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from ..errors import UsageError
 
 SHAPES: dict[str, dict] = {
     "micro": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
@@ -21,7 +34,10 @@ SHAPES: dict[str, dict] = {
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=4096),
     "qwen0.5b": dict(hidden_size=896, num_hidden_layers=24, intermediate_size=4864,
                      num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
+    "qwen-micro": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=151936),
 }
+TOKENIZERS = ("toy", "qwen")
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
@@ -63,6 +79,19 @@ def make_tokenizer(path: Path, vocab_size: int, corpus: list[str] | None = None)
         {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
 
 
+def write_qwen_tokenizer(path: Path, cfg: dict) -> None:
+    """Qwen2.5's tokenizer and generation_config.json into `path`; `cfg` gets its token ids."""
+    from . import qwen_tokenizer as qt
+
+    ids = qt.ADDED_TOKENS[-1][0] + 1
+    if cfg["vocab_size"] < ids:
+        raise UsageError(f"Qwen2.5's tokenizer has {ids} ids, the shape {cfg['vocab_size']} "
+                         f"embedding rows (Qwen2.5: {qt.VOCAB_SIZE}): use qwen0.5b or qwen-micro")
+    qt.write_tokenizer(path)
+    (path / "generation_config.json").write_text(json.dumps(qt.generation_config(), indent=2))
+    cfg.update(eos_token_id=qt.IM_END, bos_token_id=qt.ENDOFTEXT)
+
+
 def model_config(shape: str) -> dict:
     return {
         "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
@@ -73,15 +102,21 @@ def model_config(shape: str) -> dict:
 
 
 def make_model_dir(path: str | Path, shape: str = "tiny", seed: int = 0,
-                   dtype: str = "float32") -> Path:
-    """Write a random-weight Qwen2 model of `shape` that mlx_lm.load reads."""
+                   dtype: str = "float32", tokenizer: str = "toy") -> Path:
+    """Write a random-weight Qwen2 model of `shape` that mlx_lm.load reads, with the toy
+    tokenizer or (`tokenizer="qwen"`) Qwen2.5's real one."""
     import mlx.core as mx
     from mlx_lm.models import qwen2
     from mlx_lm.utils import save_model
 
     path = Path(path)
     cfg = model_config(shape)
-    make_tokenizer(path, min(cfg["vocab_size"], 4096))
+    if tokenizer == "qwen":
+        write_qwen_tokenizer(path, cfg)
+    elif tokenizer == "toy":
+        make_tokenizer(path, min(cfg["vocab_size"], 4096))
+    else:
+        raise UsageError(f"unknown tokenizer {tokenizer!r}: pick one of {', '.join(TOKENIZERS)}")
     mx.random.seed(seed)
     model = qwen2.Model(qwen2.ModelArgs.from_dict(cfg))
     if dtype != "float32":
