@@ -85,6 +85,7 @@ def test_checkpoint_retention_and_names(micro_model, prompts_file, tmp_path):
     ("rl.advantage=reinforce", "rl.scale=batch", "rl.loss_agg=constant", "rl.whiten=true"),
     ("rl.scale=batch", "rl.kl_estimator=k3", "training.micro_batch_size=2", "training.lr_schedule=cosine", "training.warmup_steps=1"),
     ("rl.kl_penalty=0",),
+    ("training.grad_checkpoint=on", "training.micro_batch_size=2"),
 ])
 def test_variants_run(micro_model, prompts_file, tmp_path, extra):
     hub = RecordingHub()

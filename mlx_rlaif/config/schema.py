@@ -152,6 +152,10 @@ class TrainingConfig:
                                 "micro-batches (0: the whole batch at once, or each prompt's "
                                 "group at once with share_prompt; with gradient accumulation, "
                                 "batch_size x G).", _nonneg)
+    grad_checkpoint: Literal["auto", "on", "off"] = opt(
+        "auto", "Gradient checkpointing per transformer block in the update: on keeps only each "
+        "block's input for the backward pass and recomputes the rest (about a third more "
+        "compute, far less activation memory); auto: on where the memory plan needs it.")
     share_prompt: bool = opt(True, "Forward each prompt once for all its completions (same "
                              "result, fewer positions); off: every sequence in full. Models "
                              "without plain KV caches always take the full forward (MLX only).")

@@ -16,7 +16,11 @@ eagerly: there the compiled graph kept two more vocabulary-sized arrays (Qwen2.5
 8 x 65 positions: peak 4.45 -> 5.1 GB) and was not faster. The reference pass is not compiled;
 on the CPU (the `cpu` gate) it spreads over two streams (`reference_logprobs`).
 
-Not covered: gradient checkpointing, mixed precision beyond what the model's dtype gives.
+Gradient checkpointing per block (`training.grad_checkpoint: on`, checkpointing.py) wraps the
+update; the micro-batch's logits go through the head in chunks where they would not fit
+(`loss.chunked_value_and_grad`).
+
+Not covered: mixed precision beyond what the model's dtype gives.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from ...cpu.blas import blas_threads, openblas_thread_fns
 from ...records import Rollout
 from .. import batch as batching
 from . import shared_prompt
+from .checkpointing import checkpointed_blocks
 from .loss import Split, chunked_value_and_grad, micro_batch_stats, needs_chunks, rl_loss
 from .policy import Policy, lora_disabled
 
@@ -68,17 +73,18 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
     penalty = mx.array(kl_penalty, dtype=mx.float32)
     tic, first, aux, skipped = time.perf_counter(), None, {}, 0
     model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
-    for _ in range(cfg.rl.num_iterations):
-        grads, aux = None, {}
-        for mb in mbs:
-            (_, a), g = grad(mb, penalty)
-            grads = g if grads is None else tree_map(mx.add, grads, g)
-            aux = a if not aux else {k: aux[k] + a[k] for k in aux}
-            mx.eval(grads, aux)
-        first = first or aux
-        norm, stepped = apply_update(model, optimizer, grads, aux["loss"],
-                                     cfg.training.max_grad_norm, traced)
-        skipped += not stepped
+    with checkpointed_blocks(model, cfg.training.grad_checkpoint == "on"):
+        for _ in range(cfg.rl.num_iterations):
+            grads, aux = None, {}
+            for mb in mbs:
+                (_, a), g = grad(mb, penalty)
+                grads = g if grads is None else tree_map(mx.add, grads, g)
+                aux = a if not aux else {k: aux[k] + a[k] for k in aux}
+                mx.eval(grads, aux)
+            first = first or aux
+            norm, stepped = apply_update(model, optimizer, grads, aux["loss"],
+                                         cfg.training.max_grad_norm, traced)
+            skipped += not stepped
     model.train(False)
     seconds = time.perf_counter() - tic
     tokens = sum(lengths) * cfg.rl.num_iterations
