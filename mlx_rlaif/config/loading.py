@@ -130,6 +130,8 @@ def _coerce(value: Any, tp: Any, dotted: str) -> Any:
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = typing.get_args(tp)
+        if isinstance(value, bool) and {"on", "off"} <= set(choices):  # YAML 1.1 reads on as true
+            value = "on" if value else "off"
         if value not in choices:
             raise ConfigError(f"{dotted} = {value!r} is not one of {', '.join(map(str, choices))}")
         return value
