@@ -53,6 +53,7 @@ class TorchPolicy:
     base_model: str
     num_layers: int
     lora: Any  # the LoraConfig-like object used (rank, scale, dropout, keys)
+    split: tuple[Any, Any] | None = None  # (transformer, head): chunked log-probs (split_head)
 
 
 # --- loading ---------------------------------------------------------------------------------
@@ -153,7 +154,7 @@ def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | Non
     except ValueError as e:
         raise UsageError(f"lora.keys: {str(e).splitlines()[0]}: name keys that exist in the model, "
                          "like self_attn.q_proj, or leave it empty for every linear layer") from e
-    policy = TorchPolicy(model, tokenizer, dev, model_path, num_layers, lora)
+    policy = TorchPolicy(model, tokenizer, dev, model_path, num_layers, lora, split_head(model))
     if adapter_dir is not None:
         load_adapters(policy, adapter_dir)
     model.eval()
@@ -188,22 +189,60 @@ def load_adapters(policy: TorchPolicy, adapter_dir: Path) -> None:
 # --- log-probs ----------------------------------------------------------------------
 
 
-def token_logprobs(model: Any, tokens: torch.Tensor, temperature: float = 1.0,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of tokens[:, 1:] given tokens[:, :-1] at `temperature` (float32 at least).
+LOGITS_CHUNK_MB = 64  # the float32 logits of one chunk of positions, at most (as the MLX loss)
 
-    tokens: [B, T] -> logp: [B, T-1] (and the entropy of each next-token distribution [B, T-1]).
-    """
-    logits = model(input_ids=tokens[:, :-1], use_cache=False).logits  # [B, T-1, V]
+
+def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, tokens[:, 1:, None])[..., 0] - lse
-    if not with_entropy:
-        return logp, None
-    entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return logp, entropy
+    logp = logits.gather(-1, targets[..., None])[..., 0] - lse
+    return logp, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+def split_head(model: Any) -> tuple[Any, Any] | None:
+    """(transformer, output head) of a (PEFT-wrapped) causal LM whose logits are exactly
+    head(transformer(x)) (checked on 2 tokens); None for other layouts (logit scaling,
+    soft-capping)."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body, head = getattr(lm, "model", None), lm.get_output_embeddings()
+    if body is None or head is None:
+        return None
+    x = torch.tensor([[1, 2]], device=lm.device)
+    with torch.no_grad():
+        full = lm(input_ids=x, use_cache=False).logits
+        parts = head(body(input_ids=x, use_cache=False).last_hidden_state)
+    return (body, head) if torch.allclose(full, parts, rtol=1e-4, atol=1e-4) else None
+
+
+def token_logprobs(model: Any, tokens: torch.Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False, split: tuple[Any, Any] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of tokens[:, 1:] given tokens[:, :-1] at `temperature` (float32 at least).
+    With `split` (`split_head`) and logits larger than LOGITS_CHUNK_MB, the head runs a chunk
+    of positions at a time under `torch.utils.checkpoint`, so the vocabulary-sized memory is one
+    chunk's, forward and backward.
+
+    tokens: [B, T] -> logp: [B, T-1] (and the entropy of each next-token distribution [B, T-1]).
+    """
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    size = (max(1, (LOGITS_CHUNK_MB << 20) // (4 * split[1].out_features))
+            if split is not None else 0)
+    if split is None or targets.numel() <= size:
+        logp, ent = _stats(model(input_ids=inputs, use_cache=False).logits, targets, temperature)
+        return logp, (ent if with_entropy else None)
+    body, head = split
+    hidden = body(input_ids=inputs, use_cache=False).last_hidden_state  # [B, T-1, D]
+    b, t, d = hidden.shape
+    flat_h, flat_t = hidden.reshape(b * t, d), targets.reshape(b * t)
+    parts = [torch.utils.checkpoint.checkpoint(
+        lambda h, y: _stats(head(h), y, temperature), flat_h[i: i + size], flat_t[i: i + size],
+        use_reentrant=False) for i in range(0, b * t, size)]
+    logp = torch.cat([p[0] for p in parts]).reshape(b, t)
+    ent = torch.cat([p[1] for p in parts]).reshape(b, t)
+    return logp, (ent if with_entropy else None)
 
 
 # --- checkpoints -----------------------------------------------------------------------------

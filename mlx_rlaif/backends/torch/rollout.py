@@ -4,11 +4,12 @@ from transformers' `generate`.
 All P x G rows generate together (or `completion_batch_size` at a time), the model's own
 generation defaults ignored; top-p/top-k truncate the untempered distribution before the
 temperature, as mlx-lm's sampler does. The sampler's log-prob of each token is
-log_softmax(raw logits / T), before any truncation, from `output_logits`.
+log_softmax(raw logits / T), before any truncation.
 
-Not covered: sharing a prompt's prefill across its group (each row prefills its prompt); memory
-of `output_logits`, which holds [rows, new tokens, vocab] float32 logits until a generate call
-ends (bound it with `generation.completion_batch_size` on large vocabularies).
+The sampler's log-probs are kept one step at a time (`LogprobRecorder`): nothing of vocabulary
+size is held beyond the current step.
+
+Not covered: sharing a prompt's prefill across its group (each row prefills its prompt).
 """
 
 from __future__ import annotations
@@ -59,19 +60,47 @@ def _generate_rows(policy: TorchPolicy, rows: Sequence[list[int]], params: Sampl
     gen = transformers.GenerationConfig(
         do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
         max_new_tokens=params.max_new_tokens, min_new_tokens=0, num_return_sequences=1,
-        eos_token_id=list(eos), pad_token_id=pad, output_logits=True,
-        return_dict_in_generate=True)
+        eos_token_id=list(eos), pad_token_id=pad, return_dict_in_generate=True)
+    recorder = LogprobRecorder(width, params.temperature)
     with torch.no_grad():
         out = policy.model.generate(
             input_ids=ids.to(policy.device), attention_mask=mask.to(policy.device),
             generation_config=gen,
-            logits_processor=transformers.LogitsProcessorList(_processors(params)))
+            logits_processor=transformers.LogitsProcessorList([recorder, *_processors(params)]))
         new = out.sequences[:, width:]  # [n, S]
-        lp = torch.stack([  # log_softmax(raw / T)[token], step by step: [n, S]
-            torch.log_softmax(step.float() / params.temperature, dim=-1)
-            .gather(1, new[:, t, None])[:, 0] for t, step in enumerate(out.logits)], dim=1)
+        lp = recorder.finish(new)
     return [_cut(toks, lps, set(eos)) for toks, lps in zip(new.tolist(), lp.tolist(),
                                                             strict=True)]
+
+
+class LogprobRecorder:
+    """A logits processor that keeps, for each sampled token, log_softmax(raw logits / T) at
+    that token, and nothing vocabulary-sized beyond the current step: it runs first (on the
+    raw logits), holds the step's log-softmax until the next call shows which token was
+    sampled (the last column of `input_ids`), then keeps only that value. (transformers'
+    `output_logits` would keep [rows, new tokens, vocabulary] float logits until the end.)"""
+
+    def __init__(self, prompt_width: int, temperature: float) -> None:
+        self.prompt_width, self.temperature = prompt_width, temperature
+        self.pending: torch.Tensor | None = None  # [rows, V]: the last step's log-softmax
+        self.kept: list[torch.Tensor] = []  # [rows] per sampled token
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor
+                 ) -> torch.FloatTensor:
+        if input_ids.shape[1] > self.prompt_width:
+            self._keep(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def _keep(self, token: torch.Tensor) -> None:
+        self.kept.append(self.pending.gather(1, token[:, None])[:, 0])
+        self.pending = None
+
+    def finish(self, new: torch.Tensor) -> torch.Tensor:
+        """The log-probs [rows, S] of the new tokens [rows, S]."""
+        if new.shape[1] > len(self.kept):
+            self._keep(new[:, -1])
+        return torch.stack(self.kept, dim=1) if self.kept else new.float()[:, :0]
 
 
 def _cut(tokens: list[int], logprobs: list[float], eos: set[int]

@@ -34,9 +34,12 @@ clipped_surrogate = partial(objective.clipped_surrogate, xp=torch)
 
 
 def rl_loss(model: Any, mb: dict[str, torch.Tensor], rl: Any, kl_penalty: float,
-            temperature: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """backends/mlx/loss.rl_loss in torch: (loss, aux of masked sums) for one micro-batch."""
-    logp, entropy = token_logprobs(model, mb["tokens"], temperature, with_entropy=True)
+            temperature: float, split: Any = None
+            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """backends/mlx/loss.rl_loss in torch: (loss, aux of masked sums) for one micro-batch;
+    `split`: the model's transformer and head, for log-probs in chunks (`token_logprobs`)."""
+    logp, entropy = token_logprobs(model, mb["tokens"], temperature, with_entropy=True,
+                                   split=split)
     if rl.entropy_coef == 0:
         entropy = entropy.detach()
     loss, aux = objective.objective(logp, entropy, mb, rl, kl_penalty, xp=torch)
@@ -58,7 +61,8 @@ def reference_logprobs(policy: TorchPolicy, rollouts: list[Rollout], cfg: Any
     with torch.no_grad(), policy.model.disable_adapter():
         for s in batching.chunks(len(rollouts), micro_batch_size(cfg)):
             b = to_torch(batching.build(rollouts[s], zeros[s], zeros[s]), policy.device)
-            logp = token_logprobs(policy.model, b["tokens"], cfg.generation.temperature)[0]
+            logp = token_logprobs(policy.model, b["tokens"], cfg.generation.temperature,
+                                  split=policy.split)[0]
             logp = logp.cpu().numpy()
             for i, r in enumerate(rollouts[s]):
                 start = len(r.prompt_tokens) - 1
@@ -150,7 +154,8 @@ def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list
             optimizer.zero_grad(set_to_none=True)
             aux: dict[str, torch.Tensor] = {}
             for mb in mbs:
-                loss, a = rl_loss(model, mb, cfg.rl, kl_penalty, cfg.generation.temperature)
+                loss, a = rl_loss(model, mb, cfg.rl, kl_penalty, cfg.generation.temperature,
+                                  policy.split)
                 loss.backward()
                 aux = {k: aux[k] + a[k] for k in aux} if aux else a
             first = first or aux
