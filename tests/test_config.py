@@ -34,8 +34,8 @@ def test_defaults_and_overrides():
         ("rll.kl_penalty=0.1", "unknown config key rll: did you mean rl?"),
         ("training.batch_size=two", "training.batch_size must be an integer"),
         ("training.batch_size=2.5", "training.batch_size must be an integer"),
-        ("generation.num_samples_per_prompt=1", "generation.num_samples_per_prompt = 1 is out of "
-                                                "range: set it to 2 or more"),
+        ("generation.num_samples_per_prompt=0", "generation.num_samples_per_prompt = 0 is out of "
+                                                "range"),
         ("rl.advantage=ppo", "rl.advantage = 'ppo' is not one of grpo, rloo, reinforce"),
         ("generation.top_p=1.5", "generation.top_p = 1.5 is out of range"),
         ("logging.dashboard=maybe", "logging.dashboard must be true or false"),
@@ -49,6 +49,16 @@ def test_bad_values(override, message):
     text = str(e.value)
     assert message in text
     assert "\n" not in text
+
+
+def test_a_group_of_one_needs_a_critic():
+    from mlx_rlaif.config import check
+
+    with pytest.raises(ConfigError, match="set it to 2 or more, or use rl.advantage gae"):
+        check(load(None, ["generation.num_samples_per_prompt=1"]))
+    check(load(None, ["generation.num_samples_per_prompt=1", "rl.advantage=gae"]))
+    with pytest.raises(ConfigError, match="MLX-only"):
+        check(load(None, ["rl.advantage=gae", "model.backend=torch"]))
 
 
 def test_reinforce_with_group_scaling_is_a_config_error():

@@ -5,7 +5,7 @@ Per token t of a kept completion (ratio = exp(logp - old_logp), old = the sample
     pg_t  = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))
     kl_t  = k(logp, ref_logp)            k1 = logp - ref, k2 = (logp - ref)^2 / 2,
                                          k3 = exp(ref - logp) - (ref - logp) - 1
-    l_t   = pg_t + kl_penalty * kl_t - entropy_coef * H_t
+    l_t   = pg_t + kl_penalty * kl_t - entropy_coef * H_t (+ value_coef * vloss_t with a critic)
     loss  = sum_t w_t * l_t
 
 The weights w_t (aggregation.py) carry the aggregation and its divisor, computed once over the
@@ -16,7 +16,10 @@ Every function takes the array library as `xp` (mlx.core by default; torch for t
 backend), so both backends optimise the same formulas. The log-probs come from the backends
 (`backends/mlx/loss.py`, `backends/torch/update.py`).
 
-Not covered: value losses, sequence-level importance ratios (GSPO).
+A is one number per sequence (group baselines) or, with a critic (`rl.advantage: gae`), one per
+token (gae.py, which also holds the clipped value loss).
+
+Not covered: sequence-level importance ratios (GSPO).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+
+from .gae import value_loss
 
 
 def kl_estimate(logp: Any, ref_logp: Any, kind: str, xp: Any = mx) -> Any:
@@ -39,19 +44,21 @@ def kl_estimate(logp: Any, ref_logp: Any, kind: str, xp: Any = mx) -> Any:
 
 def clipped_surrogate(logp: Any, old_logp: Any, adv: Any, clip_low: float, clip_high: float,
                       xp: Any = mx) -> tuple[Any, Any, Any]:
-    """Per-token PPO loss, the ratio, and where clipping was active. adv: [N] -> broadcast.
+    """Per-token PPO loss, the ratio, and where clipping was active. adv: [N] (broadcast) or
+    [N, T] (per token, a critic's).
     `xp`: the array library (mlx.core; torch for the torch backend)."""
     ratio = xp.exp(logp - old_logp)
-    a = adv[:, None]
+    a = adv[:, None] if adv.ndim == 1 else adv  # per sequence [N], or per token [N, T]
     unclipped = -a * ratio
     clipped = -a * xp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
     return xp.maximum(unclipped, clipped), ratio, (clipped > unclipped)
 
 
 def objective(logp: Any, entropy: Any, mb: dict[str, Any], rl: Any, kl_penalty: Any,
-              xp: Any = mx) -> tuple[Any, dict[str, Any]]:
+              xp: Any = mx, values: Any = None) -> tuple[Any, dict[str, Any]]:
     """The loss and aux sums of one micro-batch from the policy's log-probs and entropies
-    [N, T] of its targets. `xp`: the array library (mlx.core; torch for the torch backend)."""
+    [N, T] of its targets, and with a critic its values [N, T] (`mb` then holds `returns` and
+    `old_values`). `xp`: the array library (mlx.core; torch for the torch backend)."""
     mask, w, old = mb["mask"], mb["weights"], mb["old_logp"]
     pg, ratio, clipped = clipped_surrogate(logp, old, mb["adv"], rl.clip_low, rl.clip_high, xp)
     per_token = pg - rl.entropy_coef * entropy
@@ -63,6 +70,11 @@ def objective(logp: Any, entropy: Any, mb: dict[str, Any], rl: Any, kl_penalty: 
         per_token = per_token + kl_penalty * kl
         aux["kl_loss"] = kl_penalty * (kl * w).sum()  # the KL term of the loss, penalty included
         aux["kl"] = ((logp - mb["ref_logp"]) * mask).sum()
+    if values is not None:
+        vl = value_loss(values, mb["old_values"], mb["returns"], rl.value_clip, xp)
+        per_token = per_token + rl.value_coef * vl
+        aux["value_loss"] = (vl * w).sum()
+        aux["value"] = (values * mask).sum()
     loss = (per_token * w).sum()
     aux["loss"] = loss
     return loss, aux

@@ -73,13 +73,18 @@ def save_checkpoint(
     optimizer: Any = None,
     extra_json: Mapping[str, Any] | None = None,
     config_text: str | None = None,
+    extra_arrays: Mapping[str, Mapping[str, mx.array]] | None = None,
 ) -> Path:
-    """Write a complete MLX checkpoint atomically and return its path."""
+    """Write a complete MLX checkpoint atomically and return its path. `extra_arrays`: more
+    safetensors files by name (a critic's value head, a moving reference's adapters)."""
 
     def weights(tmp: Path) -> None:
         mx.save_safetensors(str(tmp / ADAPTERS), adapter_weights(model))
         if optimizer is not None:
             mx.save_safetensors(str(tmp / OPTIMIZER), dict(tree_flatten(optimizer.state)))
+        for fname, arrays in (extra_arrays or {}).items():
+            if arrays:
+                mx.save_safetensors(str(tmp / fname), dict(arrays))
 
     return write_checkpoint(run_dir, name, weights, adapter_cfg, state, extra_json, config_text)
 
@@ -187,7 +192,7 @@ def base_model_of(adapter_dir: Path, override: str | None = None) -> str:
 def load_weights_into(model: Any, ckpt: Path) -> None:
     """Load adapter weights into a model that already has LoRA layers of the same shape."""
     weights = mx.load(str(Path(ckpt) / ADAPTERS))
-    have = dict(tree_flatten(model.trainable_parameters()))
+    have = adapter_weights(model)
     missing = sorted(set(have) - set(weights))
     wrong = sorted(k for k in weights if k not in have or weights[k].shape != have[k].shape)
     if missing or wrong:
@@ -195,6 +200,16 @@ def load_weights_into(model: Any, ckpt: Path) -> None:
         raise CheckpointError(f"{ckpt}: adapters do not match the model (first mismatch: {bad}); "
                               "use the same model and lora settings the checkpoint was made with")
     model.load_weights(list(weights.items()), strict=False)
+
+
+VALUE_HEAD = "value_head.safetensors"  # a critic's value head (rl.advantage gae)
+REFERENCE = "reference.safetensors"  # a moving reference's adapters (rl.reference ema/periodic)
+
+
+def load_arrays(ckpt: Path, fname: str) -> dict[str, mx.array] | None:
+    """The arrays of one of a checkpoint's extra safetensors files, or None without it."""
+    path = Path(ckpt) / fname
+    return dict(mx.load(str(path))) if path.is_file() else None
 
 
 def load_optimizer_into(optimizer: Any, ckpt: Path) -> bool:

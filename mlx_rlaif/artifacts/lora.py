@@ -45,8 +45,19 @@ def adapter_config(lora: Any, base_model: str, num_layers: int) -> dict:
     }
 
 
+CRITIC = "value_head"  # a critic's value head rides on the policy but is not an adapter
+
+
 def adapter_weights(model: Any) -> dict[str, mx.array]:
-    return dict(tree_flatten(model.trainable_parameters()))
+    """The LoRA tensors by path (a value head, when there is one, left out)."""
+    return {k: v for k, v in tree_flatten(model.trainable_parameters())
+            if not k.startswith(CRITIC + ".")}
+
+
+def critic_weights(model: Any) -> dict[str, mx.array]:
+    """The value head's tensors by path (empty without one)."""
+    return {k: v for k, v in tree_flatten(model.trainable_parameters())
+            if k.startswith(CRITIC + ".")}
 
 
 def spec_of(adapter_cfg: dict) -> tuple[LoraSpec, int]:

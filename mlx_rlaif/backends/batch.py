@@ -16,7 +16,8 @@ Not covered: packing several sequences into one row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,11 +28,14 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def build(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Sequence[float],
-          ref_logprobs: Sequence[Sequence[float]] | None = None,
-          pad_to: int = 8) -> dict[str, np.ndarray]:
+def build(rollouts: Sequence[Rollout], adv: Sequence[Any], weights: Sequence[float],
+          ref_logprobs: Sequence[Sequence[float]] | None = None, pad_to: int = 8,
+          fields: Mapping[str, Sequence[Sequence[float]]] | None = None
+          ) -> dict[str, np.ndarray]:
     """Arrays for a set of rows: tokens [N, T+1]; mask, weights, old_logp (and ref_logp) [N, T];
-    adv [N]. `ref_logprobs[i]` are the reference log-probs of rollout i's completion tokens."""
+    adv [N] (or [N, T] where each rollout's advantage is per token). `ref_logprobs[i]` are the
+    reference log-probs of rollout i's completion tokens; `fields` more per-token arrays (a
+    critic's returns and old values), each [N, T] under its name."""
     rows = [list(r.prompt_tokens) + list(r.tokens) for r in rollouts]
     width = round_up(max(len(x) for x in rows) - 1, pad_to) + 1
     tokens = np.zeros((len(rows), width), dtype=np.int32)
@@ -39,28 +43,31 @@ def build(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Sequence[f
         tokens[i, : len(row)] = row
     starts = [len(r.prompt_tokens) - 1 for r in rollouts]
     return {"tokens": tokens,
-            **_targets(rollouts, starts, width - 1, adv, weights, ref_logprobs)}
+            **_targets(rollouts, starts, width - 1, adv, weights, ref_logprobs, fields)}
 
 
 def _targets(rollouts: Sequence[Rollout], starts: Sequence[int], width: int,
-             adv: Sequence[float], weights: Sequence[float],
-             ref_logprobs: Sequence[Sequence[float]] | None) -> dict[str, np.ndarray]:
-    """mask, weights, old_logp (and ref_logp) [N, width], rollout i's completion at columns
-    starts[i]..; adv [N]."""
+             adv: Sequence[Any], weights: Sequence[float],
+             ref_logprobs: Sequence[Sequence[float]] | None,
+             fields: Mapping[str, Sequence[Sequence[float]]] | None) -> dict[str, np.ndarray]:
+    """mask, weights, old_logp (ref_logp, the `fields`) [N, width], rollout i's completion at
+    columns starts[i]..; adv [N], or [N, width] when given per token."""
+    per_token = {"old_logp": [r.logprobs for r in rollouts], **dict(fields or {})}
+    if ref_logprobs is not None:
+        per_token["ref_logp"] = ref_logprobs
+    if len(adv) and np.ndim(adv[0]) > 0:
+        per_token["adv"] = adv
     n = len(rollouts)
     mask = np.zeros((n, width), dtype=np.float32)
-    old = np.zeros((n, width), dtype=np.float32)
-    ref = np.zeros((n, width), dtype=np.float32) if ref_logprobs is not None else None
+    out = {k: np.zeros((n, width), dtype=np.float32) for k in per_token}
     for i, (r, start) in enumerate(zip(rollouts, starts, strict=True)):
         stop = start + len(r.tokens)
         mask[i, start:stop] = 1.0
-        old[i, start:stop] = r.logprobs
-        if ref is not None:
-            ref[i, start:stop] = ref_logprobs[i]
-    w = mask * np.asarray(weights, dtype=np.float32)[:, None]
-    out = {"mask": mask, "weights": w, "old_logp": old, "adv": np.asarray(adv, dtype=np.float32)}
-    if ref is not None:
-        out["ref_logp"] = ref
+        for k, values in per_token.items():
+            out[k][i, start:stop] = values[i]
+    out["mask"], out["weights"] = mask, mask * np.asarray(weights, dtype=np.float32)[:, None]
+    if "adv" not in out:
+        out["adv"] = np.asarray(adv, dtype=np.float32)
     return out
 
 
@@ -78,9 +85,10 @@ def prompt_groups(rollouts: Sequence[Rollout]) -> list[list[int]]:
     return list(groups.values())
 
 
-def build_shared(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Sequence[float],
-                 ref_logprobs: Sequence[Sequence[float]] | None = None,
-                 pad_to: int = 8) -> dict[str, np.ndarray]:
+def build_shared(rollouts: Sequence[Rollout], adv: Sequence[Any], weights: Sequence[float],
+                 ref_logprobs: Sequence[Sequence[float]] | None = None, pad_to: int = 8,
+                 fields: Mapping[str, Sequence[Sequence[float]]] | None = None
+                 ) -> dict[str, np.ndarray]:
     """Arrays for rows whose prompts are held once (shared_prompt.py): prefix [P, Lp] (the
     distinct prompts without their last token, left-padded), prefix_len [P], group [N]; tokens
     [N, W + 1] (the prompt's last token, then the completion); mask, weights, old_logp (and
@@ -99,4 +107,4 @@ def build_shared(rollouts: Sequence[Rollout], adv: Sequence[float], weights: Seq
         tokens[i, 1:len(r.tokens) + 1] = r.tokens
     return {"prefix": prefix, "prefix_len": np.array([len(q) - 1 for q in prompts], dtype=np.int32),
             "group": np.asarray(group, dtype=np.int32), "tokens": tokens,
-            **_targets(rollouts, [0] * len(rollouts), width, adv, weights, ref_logprobs)}
+            **_targets(rollouts, [0] * len(rollouts), width, adv, weights, ref_logprobs, fields)}

@@ -1,7 +1,7 @@
 """What differs between the MLX backend and the torch fallback, picked once per run.
 
-`OPS[cfg.model.backend]()` returns an `Ops`: load, optimizer, sample, reference, update, save,
-restore, mlx_model. The training loop calls only these, so no backend branch appears anywhere
+`OPS[cfg.model.backend]()` returns an `Ops`: load, optimizer, sample, reference, values (a
+critic's), update, advance_reference (a moving reference), save, restore, mlx_model. The training loop calls only these, so no backend branch appears anywhere
 else. Each takes explicit inputs (the policy, the optimizer, rollouts, advantages, reference
 log-probs, the KL penalty, the config) and returns data; none sees the loop's run object. The
 torch modules are imported only when their backend is chosen.
@@ -29,10 +29,10 @@ from .sampling import SamplingParams
 # (policy, tasks, sampling, G, prompt formatter, seed or None: continue the random stream)
 Sample = Callable[[Any, list[Task], SamplingParams, int, Callable[[Task], list[int]], int | None],
                   tuple[list[Rollout], dict]]
-# (policy, optimizer, kept rollouts, their advantages, reference log-probs or None, config,
-#  KL penalty) -> (metrics, updates skipped for a non-finite loss or gradient)
-Update = Callable[[Any, Any, list[Rollout], np.ndarray, list[np.ndarray] | None, Config, float],
-                  tuple[dict[str, float], int]]
+# (policy, optimizer, kept rollouts, their advantages (per rollout, or per token with a critic),
+#  reference log-probs or None, config, KL penalty, critic's returns and old values or None)
+#  -> (metrics, updates skipped for a non-finite loss or gradient)
+Update = Callable[..., tuple[dict[str, float], int]]
 # (policy, optimizer, run directory, checkpoint name, loop state, extra JSON files, config text)
 Save = Callable[[Any, Any, Path, str, checkpoint.LoopState, dict, str], Path]
 
@@ -45,15 +45,19 @@ class Ops:
     optimizer: Callable[[Any, Config, int], Any]  # (policy, config, total updates)
     sample: Sample
     reference: Callable[[Any, list[Rollout], Config], list[np.ndarray]]
+    # (policy, rollouts, config, the first batch's mean reward for a fresh head) -> values
+    values: Callable[[Any, list[Rollout], Config, float | None], list[np.ndarray]]
     update: Update
+    advance_reference: Callable[[Any, Config, int], None]  # (policy, config, steps done)
     save: Save
     restore: Callable[[Any, Any, Path], checkpoint.LoopState]
     mlx_model: Callable[[Any, Config, Path], tuple[Any, Any]]  # an MLX model + tokenizer
 
 
 def mlx_ops() -> Ops:
+    from ..artifacts.lora import critic_weights
     from .mlx import rollout, update
-    from .mlx.policy import adapter_config_for, load_policy
+    from .mlx.policy import adapter_config_for, load_policy, start_value
 
     traced: dict[str, Any] = {}  # the run's compiled gradient and optimizer step (update.py)
 
@@ -65,25 +69,38 @@ def mlx_ops() -> Ops:
 
     def reference(policy: Any, rollouts: list[Rollout], cfg: Config) -> list[np.ndarray]:
         with training_fast_paths(policy.model):
-            return update.reference_logprobs(policy.model, rollouts, cfg, policy.split)
+            return update.reference_logprobs(policy.model, rollouts, cfg, policy.split,
+                                             policy.reference)
 
-    def update_(policy: Any, optimizer: Any, rollouts: list[Rollout], adv: np.ndarray,
-                ref: list[np.ndarray] | None, cfg: Config, kl_penalty: float
-                ) -> tuple[dict[str, float], int]:
+    def values(policy: Any, rollouts: list[Rollout], cfg: Config, mean_reward: float | None
+               ) -> list[np.ndarray]:
+        if mean_reward is not None:
+            start_value(policy.model, mean_reward)
         with training_fast_paths(policy.model):
-            return update.update(policy, optimizer, rollouts, adv, ref, cfg, kl_penalty, traced)
+            return update.values_of(policy.model, rollouts, cfg, policy.split)
+
+    def update_(policy: Any, optimizer: Any, rollouts: list[Rollout], adv: Any,
+                ref: list[np.ndarray] | None, cfg: Config, kl_penalty: float,
+                critic: dict | None = None) -> tuple[dict[str, float], int]:
+        with training_fast_paths(policy.model):
+            return update.update(policy, optimizer, rollouts, adv, ref, cfg, kl_penalty, traced,
+                                 critic)
 
     def save(policy: Any, optimizer: Any, run_dir: Path, name: str,
              state: checkpoint.LoopState, extra: dict, config_text: str) -> Path:
+        arrays = {checkpoint.VALUE_HEAD: critic_weights(policy.model),
+                  checkpoint.REFERENCE: policy.reference}
         return checkpoint.save_checkpoint(run_dir, name, policy.model, adapter_config_for(policy),
-                                          state, optimizer, extra, config_text)
+                                          state, optimizer, extra, config_text, arrays)
 
     return Ops(
         load=lambda cfg: load_policy(cfg.model.path, cfg.lora, cfg.lora.init_adapter or None,
                                      cfg.training.seed, cfg.model.trust_remote_code,
-                                     cfg.model.quantize),
+                                     cfg.model.quantize, cfg.rl.advantage == "gae",
+                                     cfg.rl.reference != "base"),
         optimizer=lambda policy, cfg, n: update.make_optimizer(cfg.training, n), sample=sample,
-        reference=reference, update=update_, save=save, restore=update.restore,
+        reference=reference, values=values, update=update_,
+        advance_reference=update.advance_reference, save=save, restore=update.restore,
         mlx_model=lambda policy, cfg, path: (policy.model, policy.tokenizer))
 
 
@@ -98,9 +115,14 @@ def torch_ops() -> Ops:
                                         cfg.training.seed, cfg.model.trust_remote_code,
                                         cfg.model.device or None),
         optimizer=update.make_optimizer, sample=rollout.sample,
-        reference=update.reference_logprobs, update=update.update, save=tp.save_checkpoint,
+        reference=update.reference_logprobs, values=_no_critic, update=update.update,
+        advance_reference=lambda policy, cfg, step: None, save=tp.save_checkpoint,
         restore=tp.restore,
         mlx_model=lambda policy, cfg, path: load_with_adapters(cfg.model.path, path)[:2])
+
+
+def _no_critic(*args: Any) -> list[np.ndarray]:
+    raise NotImplementedError("the torch backend has no critic (refused by config.check)")
 
 
 OPS: dict[str, Callable[[], Ops]] = {"mlx": mlx_ops, "torch": torch_ops}

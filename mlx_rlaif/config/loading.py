@@ -229,6 +229,12 @@ def check(cfg: Config) -> Config:
                           "to anthropic or openai")
     if r.teacher.mode == "rank" and r.type not in ("teacher", "mix"):
         raise ConfigError("reward.teacher.mode = rank needs reward.type teacher or mix")
+    if cfg.generation.num_samples_per_prompt < 2 and cfg.rl.advantage != "gae":
+        raise ConfigError("generation.num_samples_per_prompt = 1 leaves a group without a "
+                          "baseline: set it to 2 or more, or use rl.advantage gae (a critic)")
+    if cfg.model.backend == "torch" and (cfg.rl.advantage == "gae" or cfg.rl.reference != "base"):
+        raise ConfigError("rl.advantage gae and rl.reference ema/periodic are MLX-only: the torch "
+                          "backend takes grpo, rloo or reinforce against the frozen base")
     if cfg.model.backend == "torch" and cfg.model.quantize:
         raise ConfigError("model.quantize is MLX-only: the torch backend trains float weights "
                           "(pass a float model and set model.quantize to 0)")

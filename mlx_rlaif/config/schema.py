@@ -82,8 +82,8 @@ class DataConfig:
 @dataclass(frozen=True)
 class GenerationConfig:
     num_samples_per_prompt: int = opt(4, "G: completions sampled for each prompt (a group). "
-                                      "At least 2: a group of 1 has no baseline.",
-                                      lambda v: v >= 2, "set it to 2 or more")
+                                      "At least 2 (a group of 1 has no baseline), except with "
+                                      "rl.advantage gae.", _pos)
     max_new_tokens: int = opt(128, "Most tokens generated per completion.", _pos)
     temperature: float = opt(1.0, "Sampling temperature; training log-probs use the same one.",
                              _pos)
@@ -101,8 +101,10 @@ class GenerationConfig:
 
 @dataclass(frozen=True)
 class RLConfig:
-    advantage: Literal["grpo", "rloo", "reinforce"] = opt(
-        "grpo", "Baseline: grpo (group mean), rloo (leave-one-out), reinforce (running mean).")
+    advantage: Literal["grpo", "rloo", "reinforce", "gae"] = opt(
+        "grpo", "Baseline: grpo (group mean), rloo (leave-one-out), reinforce (running mean), or "
+        "gae: PPO with a critic (a value head on the policy's last hidden state), per-token "
+        "advantages by generalized advantage estimation, whitened; groups of 1 allowed.")
     scale: Literal["group", "batch", "none"] = opt(
         "group", "Divide advantages by the group std, the batch std, or nothing (Dr. GRPO).")
     whiten: bool = opt(False, "Whiten advantages over the batch after the baseline.")
@@ -129,6 +131,18 @@ class RLConfig:
     num_iterations: int = opt(1, "Updates per rollout batch (PPO epochs); the sampler log-probs "
                               "are the old policy, so extra iterations cost no extra forward.", _pos)
     mask_truncated: bool = opt(False, "Leave completions cut at max_new_tokens out of the loss.")
+    gamma: float = opt(1.0, "gae: discount per token.", _unit)
+    lam: float = opt(0.95, "gae: lambda of generalized advantage estimation (1: returns minus "
+                     "values, 0: one-step TD errors).", _unit)
+    value_coef: float = opt(0.5, "gae: weight of the value loss.", _nonneg)
+    value_clip: float = opt(0.2, "gae: clip of the value loss around the old values (0: "
+                            "unclipped).", _nonneg)
+    reference: Literal["base", "ema", "periodic"] = opt(
+        "base", "The KL reference: the frozen base (LoRA bypassed), or the base plus a slowly "
+        "moving copy of the adapters: an EMA of them (ema), or a copy refreshed every "
+        "ref_update_every steps (periodic). Adapter-sized memory, no second model.")
+    ref_ema_decay: float = opt(0.99, "reference ema: the copy's decay per step.", _unit)
+    ref_update_every: int = opt(50, "reference periodic: steps between refreshes.", _pos)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ screen (`rl_step`), and the step's metrics and sample records.
 
 The backend does the array work with explicit inputs (policy, optimizer, rollouts, advantages,
 reference log-probs, KL penalty); this module holds the order of the phases and the bookkeeping.
-With `kl_penalty = 0` no reference forward runs.
+Advantages come from group baselines (`group_targets`) or, with `rl.advantage: gae`, from a
+critic (`critic_targets`). With `kl_penalty = 0` no reference forward runs.
 
 Not covered: the loop around it (loop.py), off-policy (asynchronous) rollouts.
 """
@@ -11,11 +12,12 @@ Not covered: the loop around it (loop.py), off-policy (asynchronous) rollouts.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..algo import advantages
+from ..algo.gae import gae, token_rewards, whiten
 from ..config import Config
 from ..records import Reward, Rollout, Task
 from .run import Run
@@ -29,34 +31,96 @@ def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
     rewards = run.reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
     t2 = time.perf_counter()
     scores = [rw.value for rw in rewards]
-    values, ref, kl_seq = scores, None, {}
+    targets = (critic_targets if cfg.rl.advantage == "gae" else group_targets)(
+        run, rollouts, scores, kl_penalty)
+    kept = [rollouts[i] for i in targets.keep]
+    upd, skipped = ops.update(run.policy, run.optimizer, kept, targets.adv, targets.ref, cfg,
+                              kl_penalty, targets.critic)
+    ops.advance_reference(run.policy, cfg, run.state.step + 1)
+    t3 = time.perf_counter()
+    run.state = replace(run.state, step=run.state.step + 1,
+                        reinforce_baseline=targets.summary.baseline,
+                        skipped=run.state.skipped + skipped,
+                        kl_penalty=adapt_kl(cfg, kl_penalty, (targets.kl or upd).get("kl/mean"),
+                                            len(kept)))
+    metrics = {**gen, **upd, **targets.kl,
+               **step_metrics(rollouts, rewards, targets.summary, targets.keep),
+               "kl/penalty": kl_penalty, "optim/skipped": float(run.state.skipped),
+               "time/generate": t1 - t0, "time/score": t2 - t1, "time/train": t3 - t2,
+               "time/step": t3 - t0, **run.reward_fn.metrics()}
+    return metrics, sample_records(run.state.step, rollouts, rewards, targets.summary.values)
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What the update trains on: the kept rollouts (indices), their advantages (one number, or
+    with a critic one array per token), the reference log-probs for the loss's KL term (None:
+    no KL in the loss), a critic's returns and old values, KL metrics measured on the way, and
+    the per-rollout summary the metrics and records use."""
+
+    keep: list[int]
+    adv: list
+    ref: list[np.ndarray] | None
+    critic: dict[str, list[np.ndarray]] | None
+    kl: dict[str, float]
+    summary: advantages.Advantages
+
+
+def kl_k1(run: Run, rollouts: list[Rollout], ref: list[np.ndarray]) -> list[np.ndarray]:
+    """k1 = logp - ref_logp per token, logp the sampler's."""
+    return [np.subtract(r.logprobs, q) for r, q in zip(rollouts, ref, strict=True)]
+
+
+def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
+                  kl_penalty: float) -> Targets:
+    """Group-baseline advantages (grpo, rloo, reinforce); with the KL in the reward, the reward
+    less kl_penalty times the summed k1, and no KL term in the loss."""
+    cfg, ops = run.cfg, run.ops
+    values, ref, kl = scores, None, {}
     if kl_penalty > 0 and cfg.rl.kl_in_reward:  # the KL goes into the reward, not the loss
-        k1 = [np.subtract(r.logprobs, q)
-              for r, q in zip(rollouts, ops.reference(run.policy, rollouts, cfg), strict=True)]
+        k1 = kl_k1(run, rollouts, ops.reference(run.policy, rollouts, cfg))
         values = [None if v is None else v - kl_penalty * float(k.sum())
                   for v, k in zip(scores, k1, strict=True)]
-        kl_seq = {"kl/mean": float(np.concatenate(k1).mean()) if k1 else 0.0}
+        kl = {"kl/mean": float(np.concatenate(k1).mean()) if k1 else 0.0}
     adv = advantages.compute(values, [r.task.id for r in rollouts], cfg.rl.advantage,
                              cfg.rl.scale, cfg.rl.whiten, cfg.rl.drop_zero_std,
                              run.state.reinforce_baseline, cfg.rl.reinforce_decay,
                              task_rewards=scores)
     keep = [i for i in range(len(rollouts)) if adv.keep[i]
             and not (cfg.rl.mask_truncated and rollouts[i].truncated)]
-    kept = [rollouts[i] for i in keep]
     if kl_penalty > 0 and not cfg.rl.kl_in_reward and keep:
-        ref = ops.reference(run.policy, kept, cfg)
-    upd, skipped = ops.update(run.policy, run.optimizer, kept, adv.values[keep], ref, cfg,
-                              kl_penalty)
-    t3 = time.perf_counter()
-    run.state = replace(run.state, step=run.state.step + 1,
-                        reinforce_baseline=adv.baseline, skipped=run.state.skipped + skipped,
-                        kl_penalty=adapt_kl(cfg, kl_penalty, (kl_seq or upd).get("kl/mean"),
-                                            len(keep)))
-    metrics = {**gen, **upd, **kl_seq, **step_metrics(rollouts, rewards, adv, keep),
-               "kl/penalty": kl_penalty, "optim/skipped": float(run.state.skipped),
-               "time/generate": t1 - t0, "time/score": t2 - t1, "time/train": t3 - t2,
-               "time/step": t3 - t0, **run.reward_fn.metrics()}
-    return metrics, sample_records(run.state.step, rollouts, rewards, adv.values)
+        ref = ops.reference(run.policy, [rollouts[i] for i in keep], cfg)
+    return Targets(keep, list(adv.values[keep]), ref, None, kl, adv)
+
+
+def critic_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
+                   kl_penalty: float) -> Targets:
+    """PPO with a critic (rl.advantage gae): the value head's values of every kept completion
+    token (a fresh head first set to this batch's mean reward), per-token rewards (the score on
+    the last token; with the KL in the reward, -kl_penalty * k1 on each), GAE advantages
+    whitened over the batch's tokens and the returns the value loss regresses on."""
+    cfg, ops, rl = run.cfg, run.ops, run.cfg.rl
+    valid = np.array([s is not None for s in scores])
+    keep = [i for i in range(len(rollouts)) if valid[i]
+            and not (rl.mask_truncated and rollouts[i].truncated)]
+    kept = [rollouts[i] for i in keep]
+    ref = ops.reference(run.policy, kept, cfg) if kl_penalty > 0 and keep else None
+    mean = float(np.mean([scores[i] for i in keep])) if keep else None
+    values = ops.values(run.policy, kept, cfg, mean) if keep else []
+    k1 = kl_k1(run, kept, ref) if ref is not None and rl.kl_in_reward else None
+    per_seq = [gae(token_rewards(scores[i], len(r.tokens), k1[j] if k1 else None, kl_penalty),
+                   v, rl.gamma, rl.lam)
+               for j, (i, r, v) in enumerate(zip(keep, kept, values, strict=True))]
+    adv = whiten([a for a, _ in per_seq])
+    summary = np.zeros(len(rollouts))
+    summary[keep] = [float(a.mean()) if len(a) else 0.0 for a in adv]
+    mask = np.zeros(len(rollouts), dtype=bool)
+    mask[keep] = True
+    kl = {"kl/mean": float(np.concatenate(k1).mean())} if k1 else {}
+    return Targets(keep, adv, None if rl.kl_in_reward else ref,
+                   {"returns": [ret for _, ret in per_seq], "old_values": values}, kl,
+                   advantages.Advantages(summary, mask, np.zeros(len(rollouts), dtype=bool),
+                                         valid, None))
 
 
 def sample_chunks(run: Run, tasks: list[Task]) -> tuple[list[Rollout], dict[str, float]]:

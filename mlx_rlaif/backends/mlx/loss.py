@@ -35,6 +35,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ... import cpu
+from ...algo.gae import value_loss
 from ...algo.objective import objective
 from ...cpu.kernels import power_exp
 from ..batch import chunks
@@ -122,6 +123,15 @@ def needs_chunks(split: Split | None, mb: dict[str, mx.array]) -> bool:
     return split is not None and n * (width - 1) > chunk_tokens(split.vocab)
 
 
+def critic_loss(model: nn.Module, hidden: mx.array, mb: dict[str, mx.array], rl: Any
+                ) -> tuple[mx.array, dict[str, mx.array]]:
+    """The weighted clipped value loss of `model.value_head` on `hidden`, and its aux sums."""
+    values = model.value_head(hidden)
+    vl = value_loss(values, mb["old_values"], mb["returns"], rl.value_clip, mx)
+    total = (vl * mb["weights"]).sum()
+    return total, {"value_loss": total, "value": (values * mb["mask"]).sum()}
+
+
 def micro_batch_stats(model: nn.Module, split: Split | None, mb: dict[str, mx.array],
                       temperature: float) -> tuple[mx.array, mx.array]:
     """(log-probs, entropies) of a micro-batch's targets, without gradients: chunk by chunk
@@ -154,9 +164,19 @@ def chunked_value_and_grad(model: nn.Module, split: Split, rl: Any, temperature:
 
         (loss, aux), (d_logp, d_ent) = mx.value_and_grad(loss_of, argnums=(0, 1))(logp, entropy)
         d_hidden = head_grad(split, hidden, targets, temperature, d_logp, d_ent)
-        surrogate = nn.value_and_grad(
-            model, lambda m: (shared_prompt.batch_logits(split.body, mb) * d_hidden).sum())
-        return (loss, aux), surrogate(model)[1]
+        critic = "returns" in mb
+
+        def surrogate(m: nn.Module) -> mx.array:
+            h = shared_prompt.batch_logits(split.body, mb)
+            out = (h * d_hidden).sum()
+            return out + rl.value_coef * critic_loss(m, h, mb, rl)[0] if critic else out
+
+        grads = nn.value_and_grad(model, surrogate)(model)[1]
+        if critic:
+            v_loss, v_aux = critic_loss(model, hidden, mb, rl)
+            loss = loss + rl.value_coef * v_loss
+            aux = {**aux, **v_aux, "loss": loss}
+        return (loss, aux), grads
 
     return fn
 
@@ -186,17 +206,24 @@ def logprobs_and_entropy(logits: mx.array, targets: mx.array, temperature: float
 
 
 def rl_loss(model: nn.Module, mb: dict[str, mx.array], rl: Any, kl_penalty: mx.array,
-            temperature: float) -> tuple[mx.array, dict[str, mx.array]]:
+            temperature: float, split: Split | None = None
+            ) -> tuple[mx.array, dict[str, mx.array]]:
     """(loss, aux) for one micro-batch, differentiable (the full logits: `update.grad_fn` takes
     `chunked_value_and_grad` where they would not fit). `mb` holds tokens [N, T+1],
-    mask/weights/old_logp/ref_logp [N, T], adv [N] (backends.batch.build), or with `prefix` the
-    layout of backends.batch.build_shared. aux holds masked sums (divide by aux['tokens'] for
-    means)."""
-    logp, entropy = logprobs_and_entropy(shared_prompt.batch_logits(model, mb),
-                                         mb["tokens"][:, 1:], temperature)
+    mask/weights/old_logp/ref_logp [N, T], adv [N] or [N, T] (backends.batch.build), or with
+    `prefix` the layout of backends.batch.build_shared; with a critic also returns and
+    old_values [N, T], and the values come from `model.value_head` on the hidden states
+    (`split` needed). aux holds masked sums (divide by aux['tokens'] for means)."""
+    values = None
+    if "returns" in mb:
+        hidden = shared_prompt.batch_logits(split.body, mb)
+        logits, values = split.head(hidden), model.value_head(hidden)
+    else:
+        logits = shared_prompt.batch_logits(model, mb)
+    logp, entropy = logprobs_and_entropy(logits, mb["tokens"][:, 1:], temperature)
     if rl.entropy_coef == 0:
         entropy = mx.stop_gradient(entropy)
-    return objective(logp, entropy, mb, rl, kl_penalty)
+    return objective(logp, entropy, mb, rl, kl_penalty, values=values)
 
 
 def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0

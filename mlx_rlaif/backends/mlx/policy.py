@@ -22,7 +22,14 @@ from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 from ...artifacts import checkpoint
-from ...artifacts.lora import LORA_TYPES, LoraSpec, adapter_config, lora_layers, spec_of
+from ...artifacts.lora import (
+    LORA_TYPES,
+    LoraSpec,
+    adapter_config,
+    adapter_weights,
+    lora_layers,
+    spec_of,
+)
 from ...assets import model_source
 from ...errors import UsageError
 from .loss import Split, split_head
@@ -36,6 +43,7 @@ class Policy:
     num_layers: int
     lora: Any  # the LoraConfig-like object used (rank, scale, dropout, keys)
     split: Split | None = None  # the model as body + head (loss.split_head), where it is one
+    reference: dict[str, mx.array] | None = None  # a moving reference's adapters (rl.reference)
 
 
 def load_model(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, Any]:
@@ -53,9 +61,12 @@ def load_model(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, A
 
 
 def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | None = None,
-                seed: int = 0, trust_remote_code: bool = False, quantize: int = 0) -> Policy:
+                seed: int = 0, trust_remote_code: bool = False, quantize: int = 0,
+                critic: bool = False, moving_reference: bool = False) -> Policy:
     """Load the base model (quantized to `quantize` bits at load when it is not quantized
-    already: QLoRA), freeze it and add LoRA layers (from `adapter` if given)."""
+    already: QLoRA), freeze it and add LoRA layers (from `adapter` if given); with `critic` a
+    value head on the last hidden state (`model.value_head`), with `moving_reference` a copy of
+    the adapters as the KL reference."""
     model, tokenizer = load_model(model_path, trust_remote_code)
     if quantize and not is_quantized(model):
         from mlx_lm.utils import quantize_model
@@ -74,8 +85,55 @@ def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | Non
     if adapter_dir is not None:
         checkpoint.load_weights_into(model, adapter_dir)
     model.train(False)
+    split = split_head(model)
+    if critic:
+        add_value_head(model, split)
     mx.eval(model.parameters())
-    return Policy(model, tokenizer, model_path, num_layers, lora, split_head(model))
+    reference = dict(adapter_weights(model)) if moving_reference else None
+    return Policy(model, tokenizer, model_path, num_layers, lora, split, reference)
+
+
+class ValueHead(nn.Module):
+    """V(s) = w . h + b on the policy's last hidden state, in float32. Starts at w = 0 (`fresh`
+    until its bias is set to the first batch's mean reward: `start_value`)."""
+
+    def __init__(self, dims: int) -> None:
+        super().__init__()
+        self.weight = mx.zeros((dims,), dtype=mx.float32)
+        self.bias = mx.zeros((1,), dtype=mx.float32)
+        self.fresh = True
+
+    def __call__(self, hidden: mx.array) -> mx.array:
+        return hidden.astype(mx.float32) @ self.weight + self.bias[0]
+
+
+def add_value_head(model: nn.Module, split: Split | None) -> None:
+    if split is None:
+        raise UsageError("rl.advantage gae puts a value head on the model's last hidden state, "
+                         "and this model is not a transformer followed by an output head: use "
+                         "grpo, rloo or reinforce")
+    dims = split.body(mx.array([[1]])).shape[-1]
+    model.value_head = ValueHead(dims)
+
+
+def start_value(model: nn.Module, mean_reward: float) -> None:
+    """A fresh value head predicts `mean_reward` everywhere (its weight is 0)."""
+    head = model.value_head
+    if head.fresh:
+        head.bias = mx.array([mean_reward], dtype=mx.float32)
+        head.fresh = False
+
+
+@contextlib.contextmanager
+def adapters_loaded(model: nn.Module, adapters: dict[str, mx.array]) -> Iterator[None]:
+    """Within the block the LoRA layers carry `adapters` (e.g. a moving reference's); the
+    trained ones are put back on exit. Only arrays are swapped: no copy of the model."""
+    current = list(adapter_weights(model).items())
+    model.update(tree_unflatten(list(adapters.items())))
+    try:
+        yield
+    finally:
+        model.update(tree_unflatten(current))
 
 
 def is_quantized(model: nn.Module) -> bool:

@@ -39,11 +39,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_map
+from mlx.utils import tree_map, tree_unflatten
 
 from ... import cpu
 from ...algo.aggregation import aggregation_weights
 from ...artifacts import checkpoint
+from ...artifacts.lora import adapter_weights
 from ...config import Config, batch_sequences, micro_batch_size
 from ...cpu.blas import blas_threads, openblas_thread_fns
 from ...records import Rollout
@@ -51,21 +52,24 @@ from .. import batch as batching
 from . import shared_prompt
 from .checkpointing import checkpointed_blocks
 from .loss import Split, chunked_value_and_grad, micro_batch_stats, needs_chunks, rl_loss
-from .policy import Policy, lora_disabled
+from .policy import Policy, adapters_loaded, lora_disabled
 
 
-def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], adv: np.ndarray,
+def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], adv: Any,
            ref: list[np.ndarray] | None, cfg: Config, kl_penalty: float,
-           traced: dict[str, Any] | None = None) -> tuple[dict[str, float], int]:
+           traced: dict[str, Any] | None = None,
+           critic: dict[str, list[np.ndarray]] | None = None) -> tuple[dict[str, float], int]:
     """`num_iterations` optimizer updates on the kept rollouts, micro-batched: (metrics, the
-    number of updates skipped for a non-finite loss or gradient). `traced` keeps the compiled
-    gradient function between calls (a fresh one is traced when it is None)."""
+    number of updates skipped for a non-finite loss or gradient). `adv`: one advantage per
+    rollout, or (with a critic) one array per rollout, per token. `critic`: per-token `returns`
+    and `old_values` for the value loss. `traced` keeps the compiled gradient function between
+    calls (a fresh one is traced when it is None)."""
     if not rollouts:
         return {"train/tokens": 0.0}, 0
     lengths = [len(r.tokens) for r in rollouts]
     w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens,
                             batch_sequences(cfg))
-    mbs = [build(rollouts, rows, adv, w, ref, shared)
+    mbs = [build(rollouts, rows, adv, w, ref, shared, critic)
            for rows, shared in micro_batches(policy.model, rollouts, cfg)]
     traced = {} if traced is None else traced
     model = policy.model
@@ -99,7 +103,8 @@ def grad_fn(model: nn.Module, cfg: Config, split: Split | None = None) -> Callab
     compiled where the micro-batch is small enough (`small_compiled`), in bounded vocabulary
     memory (`loss.chunked_value_and_grad`) where its logits would not fit a chunk."""
     T = cfg.generation.temperature
-    value_and_grad = nn.value_and_grad(model, partial(rl_loss, rl=cfg.rl, temperature=T))
+    value_and_grad = nn.value_and_grad(model, partial(rl_loss, rl=cfg.rl, temperature=T,
+                                                      split=split))
     whole = small_compiled(lambda mb, kl_penalty: value_and_grad(model, mb, kl_penalty=kl_penalty),
                            model)
     if split is None:
@@ -160,8 +165,28 @@ def apply_update(model: nn.Module, optimizer: optim.Optimizer, grads: Any, loss:
 
 
 def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config,
-                       split: Split | None = None) -> list[np.ndarray]:
-    """Log-probs of each completion under the frozen base (same weights, LoRA layers bypassed).
+                       split: Split | None = None,
+                       adapters: dict[str, mx.array] | None = None) -> list[np.ndarray]:
+    """Log-probs of each completion under the reference: the frozen base (same weights, LoRA
+    layers bypassed), or with `adapters` the base plus those adapters (a moving reference)."""
+    T = cfg.generation.temperature
+    held = adapters_loaded(model, adapters) if adapters is not None else lora_disabled(model)
+    with held:
+        return token_pass(model, rollouts, cfg,
+                          lambda b: micro_batch_stats(model, split, b, T)[0])
+
+
+def values_of(model: nn.Module, rollouts: list[Rollout], cfg: Config, split: Split
+              ) -> list[np.ndarray]:
+    """The critic's value of the state before each completion token, adapters on."""
+    return token_pass(model, rollouts, cfg,
+                      lambda b: model.value_head(shared_prompt.batch_logits(split.body, b)))
+
+
+def token_pass(model: nn.Module, rollouts: list[Rollout], cfg: Config,
+               compute: Callable[[dict[str, mx.array]], mx.array]) -> list[np.ndarray]:
+    """`compute(micro-batch) -> [N, W]` over the rollouts without gradients, each rollout's
+    completion positions cut out.
 
     On MLX's CPU backend with OpenBLAS and 2+ cores, a whole-batch pass (micro_batch_size 0) is
     split into two halves along prompt groups, each on its own CPU stream with one OpenBLAS
@@ -175,20 +200,19 @@ def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config,
     if len(streams) > 1 and len(batches) == 1:
         batches = halves(rollouts, batches[0])
     waves = [batches[i: i + len(streams)] for i in range(0, len(batches), len(streams))]
-    with lora_disabled(model), blas_threads(1) if len(streams) > 1 else nullcontext():
+    with blas_threads(1) if len(streams) > 1 else nullcontext():
         for wave in waves:  # one micro-batch per stream at a time
             built = [build(rollouts, rows, zeros, zeros, None, shared) for rows, shared in wave]
-            logps = []
+            results = []
             for b, stream in zip(built, streams, strict=False):
                 with mx.stream(stream):
-                    logps.append(micro_batch_stats(model, split, b,
-                                                   cfg.generation.temperature)[0])
-            mx.eval(logps)
-            for (rows, _), b, logp in zip(wave, built, map(np.array, logps), strict=True):
+                    results.append(compute(b))
+            mx.eval(results)
+            for (rows, _), b, arr in zip(wave, built, map(np.array, results), strict=True):
                 for i, j in enumerate(rows):
                     r = rollouts[j]
                     start = 0 if "prefix" in b else len(r.prompt_tokens) - 1
-                    out[j] = logp[i, start: start + len(r.tokens)]
+                    out[j] = arr[i, start: start + len(r.tokens)]
     return out
 
 
@@ -234,12 +258,14 @@ def micro_batches(model: nn.Module, rollouts: list[Rollout], cfg: Config
 
 
 def build(rollouts: list[Rollout], rows: list[int], adv: Any, w: list[float],
-          ref: list[np.ndarray] | None, shared: bool) -> dict[str, mx.array]:
+          ref: list[np.ndarray] | None, shared: bool,
+          fields: dict[str, list[np.ndarray]] | None = None) -> dict[str, mx.array]:
     """The arrays of one micro-batch, in `build_shared`'s layout when its prompts are shared."""
     args = ([rollouts[i] for i in rows], [adv[i] for i in rows], [w[i] for i in rows],
             [ref[i] for i in rows] if ref is not None else None)
-    arrays = batching.build_shared(*args) if shared else batching.build(*args)
-    return {k: mx.array(v) for k, v in arrays.items()}
+    extra = {k: [v[i] for i in rows] for k, v in (fields or {}).items()}
+    layout = batching.build_shared if shared else batching.build
+    return {k: mx.array(v) for k, v in layout(*args, fields=extra).items()}
 
 
 def update_metrics(aux: dict, first: dict, norm: float, optimizer: optim.Optimizer, tokens: int,
@@ -256,6 +282,9 @@ def update_metrics(aux: dict, first: dict, norm: float, optimizer: optim.Optimiz
     if "kl" in aux:
         m["kl/mean"] = aux["kl"].item() / n
         m["loss/kl"] = aux["kl_loss"].item()
+    if "value_loss" in aux:
+        m["loss/value"] = aux["value_loss"].item()
+        m["critic/value_mean"] = aux["value"].item() / n
     return m
 
 
@@ -273,8 +302,32 @@ def make_optimizer(t: Any, total_updates: int) -> optim.Optimizer:
     return optim.AdamW(learning_rate=lr, weight_decay=t.weight_decay)
 
 
+def advance_reference(policy: Policy, cfg: Config, step: int) -> None:
+    """After the optimizer step that made `step` steps: move a moving reference toward the
+    adapters (ema: ref = d ref + (1 - d) adapters), or copy them every ref_update_every steps
+    (periodic). No-op for the frozen base."""
+    if policy.reference is None:
+        return
+    current = adapter_weights(policy.model)
+    if cfg.rl.reference == "ema":
+        d = cfg.rl.ref_ema_decay
+        policy.reference = {k: d * policy.reference[k] + (1 - d) * v for k, v in current.items()}
+    elif step % cfg.rl.ref_update_every == 0:
+        policy.reference = dict(current)
+    mx.eval(policy.reference)
+
+
 def restore(policy: Policy, optimizer: optim.Optimizer, ckpt: Path) -> checkpoint.LoopState:
+    """Adapters, a critic's value head and a moving reference (where the run has them), the
+    optimizer's state and the loop state of a checkpoint."""
     checkpoint.load_weights_into(policy.model, ckpt)
+    head = checkpoint.load_arrays(ckpt, checkpoint.VALUE_HEAD)
+    if head is not None and "value_head" in policy.model:
+        policy.model.update(tree_unflatten(list(head.items())))
+        policy.model.value_head.fresh = False
+    reference = checkpoint.load_arrays(ckpt, checkpoint.REFERENCE)
+    if reference is not None and policy.reference is not None:
+        policy.reference = reference
     optimizer.init(policy.model.trainable_parameters())
     checkpoint.load_optimizer_into(optimizer, ckpt)
     mx.eval(policy.model.parameters(), optimizer.state)

@@ -134,10 +134,12 @@ def make_optimizer(policy: TorchPolicy, cfg: Any, total_updates: int) -> AdamW:
 
 
 def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list[Rollout],
-           adv: np.ndarray, ref: list[np.ndarray] | None, cfg: Any, kl_penalty: float
-           ) -> tuple[dict[str, float], int]:
+           adv: np.ndarray, ref: list[np.ndarray] | None, cfg: Any, kl_penalty: float,
+           critic: Any = None) -> tuple[dict[str, float], int]:
     """`num_iterations` optimizer updates on the kept rollouts, micro-batched, as the MLX
     update: (metrics, the number of updates skipped for a non-finite loss or gradient)."""
+    if critic is not None:
+        raise NotImplementedError("the torch backend has no critic (refused by config.check)")
     if not rollouts:
         return {"train/tokens": 0.0}, 0
     skipped = 0

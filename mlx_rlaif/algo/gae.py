@@ -1,0 +1,70 @@
+"""Per-token advantages from a critic: generalized advantage estimation (Schulman et al., 2016),
+for `rl.advantage: gae`.
+
+A completion of T tokens is an episode of T actions. The reward is the task's score on the last
+token, and, with the KL in the reward, -kl_penalty * k1_t on every token t (k1_t = logp_t -
+ref_logp_t). With V_t the critic's value of the state before token t and V_T = 0 after the
+last one:
+
+    delta_t = r_t + gamma * V_{t+1} - V_t
+    A_t     = sum_l (gamma * lam)^l * delta_{t+l}       (lam = 1: returns minus values;
+    R_t     = A_t + V_t                                   lam = 0: one-step TD errors)
+
+R_t is the critic's regression target. Advantages are whitened over every token of the batch.
+The value loss is clipped as in PPO: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2).
+
+Not covered: bootstrapping from a value after truncation (a cut completion ends like a finished
+one), rewards at intermediate tokens other than the KL term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+EPS = 1e-8
+
+
+def token_rewards(score: float, length: int, k1: np.ndarray | None = None,
+                  kl_penalty: float = 0.0) -> np.ndarray:
+    """[T] rewards: the score on the last token, minus kl_penalty * k1_t on every token."""
+    r = np.zeros(length, dtype=np.float64)
+    if k1 is not None:
+        r -= kl_penalty * np.asarray(k1, dtype=np.float64)
+    if length:
+        r[-1] += score
+    return r
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float
+        ) -> tuple[np.ndarray, np.ndarray]:
+    """(advantages, returns) [T] of one episode from its rewards and values [T]."""
+    values = np.asarray(values, dtype=np.float64)
+    nxt = np.append(values[1:], 0.0)
+    delta = np.asarray(rewards, dtype=np.float64) + gamma * nxt - values
+    adv = np.zeros_like(delta)
+    running = 0.0
+    for t in range(len(delta) - 1, -1, -1):
+        running = delta[t] + gamma * lam * running
+        adv[t] = running
+    return adv, adv + values
+
+
+def whiten(advantages: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The advantages of every token of the batch shifted and scaled to mean 0, std 1."""
+    flat = np.concatenate(advantages) if advantages else np.zeros(0)
+    if flat.size < 2:
+        return [np.asarray(a, dtype=np.float64) for a in advantages]
+    mean, std = flat.mean(), flat.std()
+    return [(a - mean) / (std + EPS) for a in advantages]
+
+
+def value_loss(values: Any, old_values: Any, returns: Any, clip: float, xp: Any) -> Any:
+    """Per-token clipped value loss (`xp`: the array library); clip <= 0: unclipped."""
+    plain = (values - returns) ** 2
+    if clip <= 0:
+        return 0.5 * plain
+    clipped = old_values + xp.clip(values - old_values, -clip, clip)
+    return 0.5 * xp.maximum(plain, (clipped - returns) ** 2)
