@@ -110,7 +110,9 @@ def best_disagree(groups: Iterable[Sequence[tuple[float, float]]]) -> tuple[floa
 
 
 def paired_effect(diffs: Sequence[float]) -> Effect | None:
-    """Mean of paired differences with its standard error (sample sd / sqrt(n)) and t."""
+    """Mean of paired differences with its standard error (sample sd / sqrt(n)) and t. The
+    differences are rounded to 12 decimals first, so float rounding is not taken for spread."""
+    diffs = [round(d, 12) for d in diffs]
     n = len(diffs)
     if n == 0:
         return None

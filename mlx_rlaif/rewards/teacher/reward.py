@@ -121,15 +121,15 @@ class TeacherReward:
             raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
         return self._run_batch(self._score_all(list(tasks), list(completions), repeat))
 
-    def score_orders(self, task: Task, completions: Sequence[str],
-                     orders: Sequence[Sequence[int]], repeat: int = 0) -> list[list[Reward]]:
-        """Rank mode: the group judged once per given order (`order[k]`: the index of the
-        candidate shown at position k), as the judge answered (no shuffle, no position
-        correction); one list of rewards per order, in the completions' own order."""
+    def score_orders(self, groups: Sequence[tuple[Task, Sequence[str], Sequence[int]]],
+                     repeat: int = 0) -> list[list[Reward]]:
+        """Rank mode: each (task, completions, order) judged in that order (`order[k]`: the
+        index of the completion shown at position k) as the judge answered it (no shuffle, no
+        position correction); one list of rewards per group, in the completions' own order."""
         if self.cfg.mode != "rank":
             raise ValueError("score_orders needs reward.teacher.mode rank")
-        return self._run_batch(self._score_orders(task, list(completions),
-                                                  [tuple(o) for o in orders], repeat))
+        return self._run_batch(self._score_orders(
+            [(t, list(c), tuple(o)) for t, c, o in groups], repeat))
 
     def _run_batch(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
@@ -199,13 +199,13 @@ class TeacherReward:
                 rewards[i] = r
         return rewards
 
-    async def _score_orders(self, task: Task, completions: list[str],
-                            orders: list[tuple[int, ...]], repeat: int) -> list[list[Reward]]:
-        n = len(completions)
-        for o in orders:
-            if sorted(o) != list(range(n)):
-                raise ValueError(f"order {o} is not a permutation of {n} candidates")
-        outs = await _settle([self._score_group(task, completions, repeat, o) for o in orders])
+    async def _score_orders(self, groups: list[tuple[Task, list[str], tuple[int, ...]]],
+                            repeat: int) -> list[list[Reward]]:
+        for _, completions, order in groups:
+            if sorted(order) != list(range(len(completions))):
+                raise ValueError(f"order {order} is not a permutation of the "
+                                 f"{len(completions)} completions")
+        outs = await _settle([self._score_group(t, c, repeat, o) for t, c, o in groups])
         return [self._finish(g, False) for g in outs]
 
     async def _score_group(self, task: Task, completions: list[str], repeat: int,
