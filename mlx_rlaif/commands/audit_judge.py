@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     report = audit_run(items, tcfg, args, plan, len(completions))
     from rich.console import Console
 
-    Console(soft_wrap=True).print(render(report))
+    Console(width=None if sys.stdout.isatty() else 120).print(render(report))
     if args.out:
         from .score import write_atomic
 
