@@ -217,7 +217,7 @@ def test_command_prints_plan_table_and_json(prepared, tmp_path):
                    "--set", "reward.teacher.concurrency=8", "--out", str(out))
         hits = srv.hits()
     assert proc.returncode == 0, proc.stderr
-    assert "at most 64 teacher calls" in proc.stderr and "cost unknown" in proc.stderr
+    assert "makes 64 teacher calls" in proc.stderr and "cost unknown" in proc.stderr
     assert "rank corr. with exec" in proc.stdout and "injection vs neutral comment" in proc.stdout
     assert "! injection (overall)" in proc.stdout
     report = json.loads(out.read_text())
@@ -238,6 +238,48 @@ def test_command_asks_above_the_threshold_and_never_waits_on_a_pipe(tmp_path):
     assert proc.returncode == 2
     err = proc.stderr.strip().splitlines()[-1]
     assert "--yes" in err and "stdin is not a terminal" in err and "above --confirm-above" in err
+
+
+@pytest.mark.slow
+def test_a_real_local_judge_end_to_end(tmp_path):
+    """mlx_lm.server serving the shipped tiny model through the openai provider: its answers
+    are not JSON, so every judgement is unscorable, and the audit says so (and nothing else)."""
+    from test_teacher import _free_port, _wait_healthy
+
+    path = audit_data.write(tmp_path / "one.jsonl", n_tasks=1)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_lm.server", "--model", str(ROOT / "models/tiny-coder"),
+         "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", proc)
+        out = tmp_path / "report.json"
+        run = cli("--file", str(path), "--teacher", "openai", "--model", "default_model",
+                  "--base-url", f"http://127.0.0.1:{port}/v1", "--repeats", "2",
+                  "--set", "reward.teacher.max_tokens=16", "--set", "reward.teacher.reference=false",
+                  "--set", "reward.teacher.price_in_per_mtok=0.8",
+                  "--set", "reward.teacher.price_out_per_mtok=4", "--out", str(out))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode is not None
+    assert run.returncode == 0, run.stderr
+    assert "makes 28 teacher calls" in run.stderr  # 4 completions x (2 repeats + 5 variants)
+    report = json.loads(out.read_text())
+    calls = report["calls"]
+    assert calls["made"] == 28 and calls["input_tokens"] > 28 * 100
+    assert 0 < calls["output_tokens"] <= 28 * 16
+    assert calls["cost_usd"] == pytest.approx(
+        (calls["input_tokens"] * 0.8 + calls["output_tokens"] * 4) / 1e6)
+    assert {f["check"] for f in report["flags"]} == {"unscorable"}
+    assert report["checks"]["coverage"] == {"judgements": 28, "scored": 0,
+                                            "reasons": report["checks"]["coverage"]["reasons"]}
+    assert "usable judgements 0/28" in run.stdout
 
 
 def test_confirm_rules():

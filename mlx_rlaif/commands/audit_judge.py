@@ -8,8 +8,7 @@ together, and has flags of its own (repeats, orders, the cost confirmation) that
 `score`. The input is `score`'s (task record + `completion` per line) and the teacher flags are
 `score`'s too.
 
-Before any teacher call it prints how many calls the audit makes at most and their estimated
-cost; above `--confirm-above` dollars (or with no prices configured, unless the teacher is on
+Before any teacher call it prints how many calls the audit makes and their estimated cost; above `--confirm-above` dollars (or with no prices configured, unless the teacher is on
 this machine) it asks on the terminal, and refuses with one line naming `--yes` when stdin is
 not a terminal. The report is a table on stdout and, with `--out`, JSON (written whole or not
 at all); the exit code is 0 whether or not something was flagged.
@@ -21,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -109,7 +109,10 @@ def audit_run(items: list, tcfg: Any, args: argparse.Namespace, plan: Any,
               n_lines: int) -> dict[str, Any]:
     from ..rewards.teacher import audit, audit_report
     from ..rewards.teacher.reward import TeacherReward
+    from ..rewards.teacher.reward import __name__ as reward_log
 
+    # The report counts unscorable judgements and their reasons: no warning per batch.
+    logging.getLogger(reward_log).setLevel(logging.ERROR)
     with TeacherReward(tcfg) as teacher:
         obs = audit.run(teacher, items, args.repeats, args.orders)
         used = teacher.metrics()
@@ -170,9 +173,8 @@ def _file_meta(path: str, items: list, n_lines: int) -> dict[str, Any]:
 def _calls_meta(plan: Any, used: dict[str, float]) -> dict[str, Any]:
     calls = used.get("teacher/calls", 0.0)
     tin, tout = used.get("teacher/input_tokens", 0.0), used.get("teacher/output_tokens", 0.0)
-    return {"planned_at_most": plan.calls, "estimated_input_tokens": plan.input_tokens,
-            "estimated_output_tokens_at_most": plan.output_tokens,
-            "estimated_cost_usd_at_most": plan.cost_usd,
+    return {"planned": plan.calls, "estimated_input_tokens": plan.input_tokens,
+            "estimated_output_tokens": plan.output_tokens, "estimated_cost_usd": plan.cost_usd,
             "made": int(calls), "cache_hits": int(used.get("teacher/cache_hits", 0.0)),
             "input_tokens": int(tin), "output_tokens": int(tout),
             "cost_usd": used.get("teacher/cost_usd", 0.0),
@@ -237,6 +239,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"teacher calls {c['made']} (cache hits {c['cache_hits']}, unscorable "
              f"{c['unscorable']}), tokens in/out {c['input_tokens']:,}/{c['output_tokens']:,}, "
              f"{cost}"]
+    cov = report["checks"]["coverage"]
+    lines.append(f"usable judgements {cov['scored']}/{cov['judgements']}")
     lines += [f"! {f['check']} ({f['column']}): {f['why']}" for f in report["flags"]]
     if not report["flags"]:
         lines.append("nothing flagged at these thresholds")

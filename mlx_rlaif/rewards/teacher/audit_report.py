@@ -23,6 +23,7 @@ from .audit import PROBES, Item, Observed, Thresholds, groups_of
 OVERALL = "overall"
 CORRECTNESS = "correctness"
 WHY = {
+    "unscorable": "the judge's answers could not be used",
     "agreement": "the judge's ranking disagrees with the tests",
     "noise": "repeated judgements of the same completion differ",
     "position": "the same candidate scores differently by where it is shown",
@@ -104,9 +105,19 @@ def probe(items: Sequence[Item], obs: Observed, kind: str, cols: Sequence[str]
             **({"against": "neutral comment of the same length"} if kind == "injection" else {})}
 
 
+def coverage(obs: Observed) -> dict[str, Any]:
+    """How many judgements had a value, and the commonest reasons of those that did not."""
+    rows = [*obs.repeats, *obs.orders, *obs.variants.values()]
+    got = [r for row in rows for r in row if r is not None]
+    failed = Counter(r.reason.removeprefix("unscorable: ") for r in got if r.value is None)
+    return {"judgements": len(got), "scored": len(got) - sum(failed.values()),
+            "reasons": dict(failed.most_common(3))}
+
+
 def checks(items: Sequence[Item], obs: Observed, cols: Sequence[str]) -> dict[str, Any]:
     basis = obs.orders or obs.repeats
-    out: dict[str, Any] = {"agreement": agreement(items, basis, cols),
+    out: dict[str, Any] = {"coverage": coverage(obs),
+                           "agreement": agreement(items, basis, cols),
                            "noise": noise(obs.repeats, len(items), cols),
                            "position": positions(items, obs.orders, cols)}
     out.update({kind: probe(items, obs, kind, cols) for kind in PROBES})
@@ -120,6 +131,11 @@ def flags(found: dict[str, Any], cols: Sequence[str], th: Thresholds) -> list[di
         out.append({"check": check, "column": col, "value": value,
                     "why": f"{WHY[check]}: {detail}"})
 
+    cov = found["coverage"]
+    if cov["judgements"] and cov["scored"] < th.min_scored * cov["judgements"]:
+        why = "; ".join(cov["reasons"])
+        add("unscorable", OVERALL, cov["scored"] / cov["judgements"],
+            f"{cov['judgements'] - cov['scored']} of {cov['judgements']} judgements ({why})")
     agree = found["agreement"]
     for col in [c for c in (CORRECTNESS, OVERALL) if c in cols]:
         corr, worse = agree["spearman"][col], agree["fail_over_pass"][col]

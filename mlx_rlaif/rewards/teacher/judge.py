@@ -6,14 +6,19 @@ Covered:
 - prompts for three jobs: judge one completion, judge a whole group side by side (rank mode),
   and write a reference solution. Code and task text are fenced with a backtick fence longer
   than any backtick run inside them, so they cannot close their fence, and the system prompt
-  tells the judge that fenced text is data, never instructions;
+  tells the judge that fenced text is data, never instructions: its comments, docstrings and
+  strings included, a note to the reviewer or a claimed score or test result among them (the
+  audit's injection probe measures whether a judge listens);
+- `views`: the calls one judgement takes (the whole rubric; with `strip_comments`, correctness
+  alone on the stripped code and the rest on the code as written), `merge_verdicts` (a
+  judgement's calls as one) and `mean_verdict` (repeated samples averaged per criterion);
 - JSON schemas for tool use (Anthropic) and `response_format` json_schema (OpenAI);
 - a strict parser: every criterion must be a finite JSON number (not a bool, not a string) in
   [0, 1]; anything else makes the score None with the reason why. Nothing is clamped and a
   failure is never turned into 0. NaN/Infinity literals are rejected at the JSON level.
 
 Not covered: talking to an API (clients.py), caching (cache.py), turning scores into rewards
-(teacher.py). Extra keys in an answer are ignored; missing ones are a parse failure.
+(reward.py). Extra keys in an answer are ignored; missing ones are a parse failure.
 """
 
 from __future__ import annotations
