@@ -141,6 +141,15 @@ def test_strip_comments_removes_the_injection_and_comment_effects(prepared):
                 and f["column"] == "correctness"]
 
 
+def test_strip_comments_in_rank_mode(prepared):
+    _, items, oracle = prepared
+    plain = audit_with(items, sj.responder(sj.injection(oracle)), "anthropic", mode="rank")
+    assert flagged(plain) == {"injection"}
+    stripped = audit_with(items, sj.responder(sj.injection(oracle)), mode="rank",
+                          strip_comments=True)
+    assert stripped["flags"] == [] and effect(stripped, "injection", "correctness") == 0.0
+
+
 def test_samples_average_the_noise_away(prepared):
     _, items, _ = prepared
     one = audit_with(items, sj.Noise().respond)["checks"]["noise"]["sd"]["overall"]
@@ -163,6 +172,21 @@ def test_samples_are_separate_calls_with_cache_entries_of_their_own(tmp_path):
         assert srv.hits() == 6  # a repeat draws fresh samples
         bodies = {json.dumps(r.body) for r in srv.requests}
         assert len(bodies) == 1  # the same request: only the cache key tells samples apart
+
+
+def test_rank_samples_show_the_group_in_orders_of_their_own():
+    task = Task("add1", "Write add1(x) that returns x + 1.")
+    codes = [f"def add1(x):\n    return x + {i}" for i in range(4)]
+    with FakeAPI() as srv:
+        cfg = TeacherConfig(provider="anthropic", model="judge", base_url=srv.anthropic_url,
+                            reference=False, mode="rank", samples=3)
+        with TeacherReward(cfg) as t:
+            rewards = t.score([task] * 4, codes)
+        shown = [[c for c in codes if c in r.body["messages"][0]["content"]] for r in srv.requests]
+    assert srv.hits() == 3 and all(r.details["samples"] == 3 for r in rewards)
+    orders = [tuple(sorted(codes, key=lambda c, b=r.body["messages"][0]["content"]: b.index(c)))
+              for r in srv.requests]
+    assert len(set(orders)) > 1 and all(len(s) == 4 for s in shown)
 
 
 def test_rank_debias_scores_against_the_judges_position_statistics(prepared):

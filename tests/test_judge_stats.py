@@ -88,6 +88,42 @@ def test_agreement_window_keeps_the_last_steps():
     assert st.AgreementWindow(3).metrics() == {}
 
 
+class _Fixed:
+    """A reward function that returns the rewards it is given."""
+
+    def __init__(self, name: str, rewards: list[Reward]) -> None:
+        self.name, self.rewards = name, rewards
+
+    def score(self, tasks, completions):
+        return self.rewards
+
+    def metrics(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_mix_reports_the_judge_against_exec():
+    from mlx_rlaif.records import Task
+    from mlx_rlaif.rewards.mix import MixReward
+
+    tasks = [Task("t", "p")] * 3
+    exec_fn = _Fixed("exec", [_exec(1.0), _exec(0.0), _exec(0.5)])
+    judge_fn = _Fixed("teacher", [Reward(0.2), Reward(0.9), Reward(None)])
+    mix = MixReward([(exec_fn, 0.5), (judge_fn, 0.5)], window=4)
+    mix.score(tasks, ["a", "b", "c"])
+    m = mix.metrics()
+    # one pass/fail pair (the None judgement is left out), the failing one scored higher
+    assert m["teacher/fail_over_pass"] == 1.0 and m["teacher/exec_pairs"] == 1.0
+    assert m["teacher/exec_corr"] == pytest.approx(-1.0) and m["teacher/best_disagree"] == 1.0
+    mix.close()
+    alone = MixReward([(exec_fn, 1.0)])
+    alone.score(tasks, ["a", "b", "c"])
+    assert not any(k.startswith("teacher/") for k in alone.metrics())
+    alone.close()
+
+
 # --- position.py ------------------------------------------------------------------------------
 
 
