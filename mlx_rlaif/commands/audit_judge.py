@@ -11,7 +11,9 @@ together, and has flags of its own (repeats, orders, the cost confirmation) that
 Before any teacher call it prints how many calls the audit makes and their estimated cost; above `--confirm-above` dollars (or with no prices configured, unless the teacher is on
 this machine) it asks on the terminal, and refuses with one line naming `--yes` when stdin is
 not a terminal. The report is a table on stdout and, with `--out`, JSON (written whole or not
-at all); the exit code is 0 whether or not something was flagged.
+at all); the exit code is 0 whether or not something was flagged. Answers are cached for the
+audit's own length only (unlike `score`, so each audit measures the judge afresh);
+`reward.teacher.cache_path` keeps them.
 
 Not covered: auditing several teachers in one command (run it once per teacher).
 """
