@@ -157,6 +157,32 @@ def test_samples_average_the_noise_away(prepared):
     assert four < 0.7 * one  # the mean of 4 has half the sd of one
 
 
+@pytest.mark.parametrize("mode, extra", [("absolute", {}), ("rank", {}),
+                                         ("rank", {"strip_comments": True}),
+                                         ("absolute", {"samples": 2, "reference": True})])
+def test_the_plan_counts_the_calls_made(prepared, mode, extra):
+    """Uneven groups (2 and 4 candidates) in rank mode: each rotated at most its size."""
+    _, items, oracle = prepared
+    items = items[:2] + items[4:8]
+    with FakeAPI() as srv:
+        srv.responder = sj.responder(sj.control(oracle))
+        cfg = TeacherConfig(**{"provider": "openai", "model": "judge", "base_url": srv.openai_url,
+                               "reference": False, "mode": mode, **extra})
+        planned = audit.plan(items, cfg, 3, 4, by_tool=False)
+        with TeacherReward(cfg) as teacher:
+            obs = audit.run(teacher, items, 3, 4)
+            made = teacher.metrics()["teacher/calls"]
+    if extra.get("strip_comments"):  # comments and injections stripped: cache hits
+        assert 0 < made < planned.calls
+    else:
+        assert made == planned.calls and planned.input_tokens > 0
+    report = audit_report.build(items, obs, CRITERIA, {})
+    assert report["flags"] == []
+    if mode == "rank":
+        assert report["checks"]["position"]["orders"] == 4
+        assert len(report["checks"]["position"]["effects"]["overall"]) == 4
+
+
 def test_samples_are_separate_calls_with_cache_entries_of_their_own(tmp_path):
     task = Task("add1", "Write add1(x) that returns x + 1.")
     with FakeAPI() as srv:

@@ -212,8 +212,8 @@ class Observed:
     (rank mode: rotation k, where the j-th candidate of a group is shown at position
     (j - k) mod n), `variants[kind][i]` (None where item i has no such variant)."""
 
-    repeats: list[list[Reward]]
-    orders: list[list[Reward]]
+    repeats: list[list[Reward | None]]
+    orders: list[list[Reward | None]]
     variants: dict[str, list[Reward | None]]
 
 
@@ -244,30 +244,36 @@ def _run_rank(teacher: TeacherReward, items: Sequence[Item], repeats: int,
              for g in groups]
     reps = [_ungroup(len(items), groups, teacher.score_orders(ident, repeat=r))
             for r in range(repeats)]
-    n_orders = max(1, min([orders] + [len(g) for g in groups]))
     rots = []
-    for k in range(n_orders):
-        req = [(t, c, rotation(len(c), k)) for t, c, _ in ident]
-        rots.append(_ungroup(len(items), groups, teacher.score_orders(req)))
-    variants: dict[str, list[Reward | None]] = {}
-    for kind in KINDS:
-        variants[kind] = [None] * len(items)
-        for parity in (0, 1):
-            req, which = [], []
-            for g in groups:
-                mixed = _mixed(items, g, kind, parity)
-                if mixed is not None:
-                    req.append((items[g[0]].task, mixed, tuple(range(len(g)))))
-                    which.append(g)
-            for g, got in zip(which, teacher.score_orders(req) if req else [], strict=True):
-                for k, i in enumerate(g):
-                    if k % 2 == parity and kind in items[i].variants:
-                        variants[kind][i] = got[k]
+    for k in range(max(1, min(orders, max(len(g) for g in groups)))):
+        todo = [(g, (t, c, rotation(len(c), k))) for g, (t, c, _) in zip(groups, ident,
+                                                                        strict=True)
+                if k < max(1, min(orders, len(g)))]  # each group: at most its size
+        got = teacher.score_orders([req for _, req in todo])
+        rots.append(_ungroup(len(items), [g for g, _ in todo], got))
+    variants = {kind: _rank_variants(teacher, items, groups, kind) for kind in KINDS}
     return Observed(reps, rots, variants)
 
 
-def _ungroup(n: int, groups: list[list[int]], per_group: list[list[Reward]]) -> list[Reward]:
-    out: list[Reward] = [Reward(None)] * n
+def _rank_variants(teacher: TeacherReward, items: Sequence[Item], groups: list[list[int]],
+                   kind: str) -> list[Reward | None]:
+    """Each group twice, every other candidate replaced by its `kind` variant."""
+    out: list[Reward | None] = [None] * len(items)
+    for parity in (0, 1):
+        todo = [(g, mixed) for g in groups
+                if (mixed := _mixed(items, g, kind, parity)) is not None]
+        req = [(items[g[0]].task, mixed, tuple(range(len(g)))) for g, mixed in todo]
+        for (g, _), got in zip(todo, teacher.score_orders(req) if req else [], strict=True):
+            for k, i in enumerate(g):
+                if k % 2 == parity and kind in items[i].variants:
+                    out[i] = got[k]
+    return out
+
+
+def _ungroup(n: int, groups: list[list[int]], per_group: list[list[Reward]]
+             ) -> list[Reward | None]:
+    """Per item, its reward from the group it was judged in (None: not in these groups)."""
+    out: list[Reward | None] = [None] * n
     for g, got in zip(groups, per_group, strict=True):
         for i, r in zip(g, got, strict=True):
             out[i] = r
