@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "train": "train",
     "eval": "evaluate",
     "score": "score",
+    "audit-judge": "audit_judge",
     "summary": "summary",
     "export-dataset": "export_dataset",
     "convert": "convert",

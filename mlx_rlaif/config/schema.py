@@ -257,6 +257,16 @@ class TeacherConfig:
     price_in_per_mtok: float = opt(0.0, "USD per million input tokens, for cost estimates.",
                                    _nonneg)
     price_out_per_mtok: float = opt(0.0, "USD per million output tokens.", _nonneg)
+    samples: int = opt(1, "Judgements per completion, averaged per criterion (each a call and a "
+                       "cache entry of its own): less judge noise for S times the calls. They "
+                       "differ only at a temperature above 0.", _pos)
+    strip_comments: bool = opt(False, "Judge the correctness criterion in a call of its own on "
+                               "the code with comments and docstrings removed (a comment cannot "
+                               "talk the judge into it); the other criteria see the code as "
+                               "written. One more call per judgement.")
+    rank_debias: bool = opt(True, "Rank mode: show each call's group in its own seeded order and "
+                            "subtract the judge's mean score at each position (its running "
+                            "statistics, once every position has 20 judgements).")
 
 
 @dataclass(frozen=True)
@@ -266,6 +276,9 @@ class RewardConfig:
         "mix: weighted mean of the exec and teacher values that are not None.")
     exec_weight: float = opt(0.5, "With type mix: weight of the exec reward.", _unit)
     teacher_weight: float = opt(0.5, "With type mix: weight of the teacher reward.", _unit)
+    agreement_window: int = opt(10, "With type mix: steps over which the judge is compared with "
+                                "the exec reward (teacher/exec_corr, teacher/best_disagree, "
+                                "teacher/fail_over_pass).", _pos)
     exec: ExecConfig = field(default_factory=ExecConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
 

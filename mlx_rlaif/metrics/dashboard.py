@@ -4,7 +4,8 @@
 second, so `step()` on the training thread only stores numbers (rendering stays off the hot path).
 It shows progress and ETA; reward mean, best, baseline and a sparkline trend; KL, loss, clip
 fraction, entropy; generation and training tokens/s and the step time split; memory; teacher
-calls, cost and cache hits (when a teacher runs); the latest completion with its scores, reason
+calls, cost and cache hits (when a teacher runs); the judge against the exec reward (reward
+type mix: rank correlation, best-answer disagreement, failing-over-passing pairs); the latest completion with its scores, reason
 and rationale; the last health check. Messages and health lines print above the live panel, so
 they stay in the terminal's scrollback. `PlainPrinter` writes one line per
 `log_every` steps (step, reward, KL, loss, clip fraction, tokens/s) for pipes, CI and
@@ -156,6 +157,16 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
                 f"{fmt(m.get('teacher/input_tokens'), ',.0f')}/"
                 f"{fmt(m.get('teacher/output_tokens'), ',.0f')}  unscorable "
                 f"{fmt(m.get('teacher/unscorable'), ',.0f')}",
+            )
+        )
+    if "teacher/exec_pairs" in m:
+        rows.append(
+            (
+                "Judge vs exec",
+                f"rank corr {fmt(m.get('teacher/exec_corr'), '.2f')}  best disagree "
+                f"{fmt(m.get('teacher/best_disagree'), '.0%')}  fail>pass "
+                f"{fmt(m.get('teacher/fail_over_pass'), '.0%')} of "
+                f"{fmt(m.get('teacher/exec_pairs'), ',.0f')} pairs",
             )
         )
     return rows

@@ -5,7 +5,10 @@
 
 (one line), with `WARN` and the issues appended when something looks wrong: no gain over the
 baseline, KL blow-up, all-zero-variance batches (no learning signal), low diversity, generation
-bottleneck, many unscorable completions, skipped (non-finite) updates.
+bottleneck, many unscorable completions, skipped (non-finite) updates, and (reward type mix) a
+judge that pays for failing code: it scores a failing answer above a passing one of the same task
+too often (`teacher/fail_over_pass`), or its scores stop rising with the exec reward
+(`teacher/exec_corr`), over the mix's agreement window.
 
 Covered: a pure function of the last N step dicts and the run's EMA/baseline. Not covered: acting
 on a warning (the run goes on; the user decides).
@@ -31,6 +34,12 @@ class Thresholds:
     """More than this share of unscorable completions (reward None) is a problem."""
     gain_after_checks: int = 2
     """Warn about no gain over the baseline only from this many checks on."""
+    max_fail_over_pass: float = 0.3
+    """The judge scoring a failing answer above a passing one in more of the pairs than this."""
+    min_exec_corr: float = 0.0
+    """The judge's rank correlation with the exec reward at or below this."""
+    min_judge_pairs: int = 8
+    """Judge-vs-exec warnings need at least this many pass/fail pairs in the window."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +83,31 @@ def summarize(window: Sequence[Mapping], ema: float | None) -> dict[str, float |
         "diversity": mean(_col(window, "gen/diversity")),
         "frac_none": mean(_col(window, "reward/frac_none")),
         "skipped": sum(_col(window, "optim/skipped")),
+        **_judge(window),
         **{f"time_{k}": v for k, v in time_split(window).items()},
     }
+
+
+def _judge(window: Sequence[Mapping]) -> dict[str, float]:
+    """The latest judge-vs-exec agreement (already a window of its own), when reported."""
+    last = next((r for r in reversed(window) if "teacher/exec_pairs" in r), None)
+    if last is None:
+        return {}
+    keys = {"judge_exec_corr": "teacher/exec_corr", "judge_fail_over_pass": "teacher/fail_over_pass",
+            "judge_pairs": "teacher/exec_pairs"}
+    return {k: v for k, key in keys.items() if (v := finite(last.get(key))) is not None}
+
+
+def judge_issue(v: Mapping[str, float | None], th: Thresholds) -> str | None:
+    if (v.get("judge_pairs") or 0) < th.min_judge_pairs:
+        return None
+    worse, corr = v.get("judge_fail_over_pass"), v.get("judge_exec_corr")
+    if (worse is not None and worse > th.max_fail_over_pass) or (
+            corr is not None and corr <= th.min_exec_corr):
+        return (f"judge pays for failing code (scores a failing answer above a passing one in "
+                f"{_fmt(worse, '.0%')} of {v['judge_pairs']:.0f} pairs; judge-exec rank "
+                f"correlation {_fmt(corr, '.2f')})")
+    return None
 
 
 def issues(
@@ -108,6 +140,8 @@ def issues(
         out.append(f"many unscorable completions ({v['frac_none']:.0%})")
     if v["skipped"]:
         out.append(f"{v['skipped']:.0f} updates skipped (non-finite loss or gradient)")
+    if (judged := judge_issue(v, th)) is not None:
+        out.append(judged)
     return out
 
 
@@ -132,6 +166,9 @@ def format_line(v: Mapping[str, float | None], where: str, problems: Sequence[st
     parts.append(
         f"gen(tok/s={_fmt(v['gen_tokens_per_sec'], '.1f')}, div={_fmt(v['diversity'], '.2f')})"
     )
+    if "judge_pairs" in v:
+        parts.append(f"judge(corr={_fmt(v.get('judge_exec_corr'), '.2f')}, "
+                     f"fail>pass={_fmt(v.get('judge_fail_over_pass'), '.2f')})")
     if problems:
         parts.append("; ".join(problems))
     return " | ".join(parts)

@@ -26,7 +26,8 @@ def build_reward(cfg: Config, output_dir: str | Path | None = None,
 
     return MixReward(
         [(_exec(cfg, languages), cfg.reward.exec_weight),
-         (_teacher(cfg, output_dir), cfg.reward.teacher_weight)]
+         (_teacher(cfg, output_dir), cfg.reward.teacher_weight)],
+        window=cfg.reward.agreement_window,
     )
 
 

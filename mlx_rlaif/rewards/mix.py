@@ -7,7 +7,10 @@ every part is None. Parts are namespaced by the part's name (`exec`, `teacher/co
 ...); details are kept per part; metrics are the parts' own (already namespaced). The parts score
 the batch concurrently: the first in the calling thread, the others in worker threads, so a
 teacher's network wait overlaps the sandbox runs. `stop_reason()` passes on the first part's
-reason to stop (a teacher budget).
+reason to stop (a teacher budget). With an `exec` and a `teacher` part, the judge is compared
+with the exec reward over the last `window` batches (agreement.py): `teacher/exec_corr`
+(Spearman), `teacher/best_disagree`, `teacher/fail_over_pass` and `teacher/exec_pairs` join the
+metrics, so a judge that starts paying for failing code shows during training.
 
 Not covered: non-linear combinations, per-task weights, parts whose scales differ (every
 built-in reward is in [0, 1]).
@@ -21,13 +24,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ConfigError
 from ..records import Reward, Task
+from .agreement import AgreementWindow
 from .base import RewardFn
 
 
 class MixReward:
     name = "mix"
 
-    def __init__(self, parts: Sequence[tuple[RewardFn, float]]) -> None:
+    def __init__(self, parts: Sequence[tuple[RewardFn, float]], window: int = 10) -> None:
         if not parts:
             raise ConfigError("a mixed reward needs at least one part")
         for fn, w in parts:
@@ -39,11 +43,17 @@ class MixReward:
         self.parts = [(fn, float(w)) for fn, w in parts]
         self.names = _unique([fn.name for fn, _ in parts])
         self._pool = ThreadPoolExecutor(max(1, len(parts) - 1), thread_name_prefix="reward-mix")
+        both = "exec" in self.names and "teacher" in self.names
+        self._agreement = AgreementWindow(window) if both else None
 
     def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[Reward]:
         rest = [self._pool.submit(fn.score, tasks, completions) for fn, _ in self.parts[1:]]
         first = self.parts[0][0].score(tasks, completions)
         per_part = [first] + [f.result() for f in rest]
+        if self._agreement is not None:
+            by_name = dict(zip(self.names, per_part, strict=True))
+            self._agreement.add([t.id for t in tasks], by_name["exec"],
+                                [r.value for r in by_name["teacher"]])
         return [self._combine([rs[i] for rs in per_part]) for i in range(len(tasks))]
 
     def _combine(self, rewards: list[Reward]) -> Reward:
@@ -61,6 +71,8 @@ class MixReward:
         out: dict[str, float] = {}
         for fn, _ in self.parts:
             out.update(fn.metrics())
+        if self._agreement is not None:
+            out.update(self._agreement.metrics())
         return out
 
     def stop_reason(self) -> str | None:

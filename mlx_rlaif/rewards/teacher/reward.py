@@ -6,7 +6,7 @@ Covered:
   names (default ANTHROPIC_API_KEY / OPENAI_API_KEY). With `base_url` set and that variable
   unset, the placeholder key "not-needed" is sent (local servers such as mlx_lm.server, vLLM,
   Ollama ignore it; a server that does check it answers 401, which stops the run);
-- start-up checks (`check_teacher`): provider, model, key, SDK, rubric, budget prices, all as
+- start-up checks (startup.py): provider, model, key, SDK, rubric, budget prices, all as
   one-line ConfigErrors before any model loads;
 - modes: `absolute` (the rubric score), `ratio` (student score / teacher score of its own
   reference, clipped to [0, 1]; a teacher score of 0 counts as 1e-6), `rank` (one call per
@@ -14,12 +14,20 @@ Covered:
 - reference solutions: one per task, cached, judged on the same rubric (details `teacher_code`,
   `teacher_score`); shown to the judge in absolute and rank modes, never in ratio mode (the
   student and the teacher are judged by the same prompt there);
-- bounded concurrency (`concurrency` calls in flight) on a private event loop thread, so the
-  synchronous `score()` can be called from anywhere; identical requests in flight are sent once;
-- the sqlite cache (cache.py); token and cost accounting per call (Reward.details `cost_usd`),
-  per step (`step_metrics()`) and per run (`metrics()`, running totals); the budget: once the
-  estimated cost reaches `max_cost_usd`, no new call starts (calls already in flight finish, at
-  most `concurrency` of them), the rest of the batch is unscorable and `stop_reason()` says why;
+- defences against a judge that can be talked into a score (audit.py measures them): `samples`
+  judgements per completion averaged per criterion (each its own call and cache entry; the
+  reference too); `strip_comments`: the correctness criterion judged in a call of its own on
+  the code without comments and docstrings (strip.py), the other criteria on the code as
+  written; in rank mode with `rank_debias` each call shows the group in its own seeded order
+  and every score is corrected by the judge's mean at that position (position.py), the
+  statistics updated by the whole batch before any correction, so the result does not depend
+  on the order answers arrive in;
+- `score(..., repeat=r)` draws fresh judgements (what the audit measures noise with);
+  `score_orders` judges one group in given orders, uncorrected (the audit's position probe);
+- calls, the cache, concurrency, accounting and the budget are calls.py's: token and cost
+  accounting per completion (Reward.details `cost_usd`), per step (`step_metrics()`) and per
+  run (`metrics()`, running totals); once the estimated cost reaches `max_cost_usd`, no new
+  call starts, the rest of the batch is unscorable and `stop_reason()` says why;
 - unscorable completions (errors after the SDK's retries, refusals, parse failures, budget) get
   value None with the reason, and are counted (`teacher/unscorable`). An empty completion is
   not sent: it scores 0.0 with reason "empty completion". 401/403/404 raise TeacherError.
@@ -32,88 +40,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import threading
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ...config import TeacherConfig
-from ...errors import ConfigError, TeacherError
+from ...errors import TeacherError
 from ...records import Reward, Task, extract_code, group_indices
 from . import judge
 from .cache import AnswerCache, cache_key
-from .clients import Answer, CallError, Client, Endpoint, import_sdk, make_client
+from .calls import Caller, Ledger, LoopThread, Reply
+from .clients import Client, make_client
+from .position import PositionStats, shuffled
+from .startup import check_teacher
+from .strip import strip_comments
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
-NO_KEY = "not-needed"
 CACHE_FILE = "teacher_cache.db"
 _EPS = 1e-6
-
-
-# --- start-up checks -------------------------------------------------------------------------
-
-
-def key_env(cfg: TeacherConfig) -> str:
-    return cfg.api_key_env or DEFAULT_KEY_ENV.get(cfg.provider, "")
-
-
-def check_teacher(cfg: TeacherConfig) -> tuple[Endpoint, judge.Rubric]:
-    """Every start-up check, before any model loads; returns the endpoint and rubric."""
-    if cfg.provider not in DEFAULT_KEY_ENV:
-        raise ConfigError("reward.teacher.provider is none: set it to anthropic or openai")
-    if not cfg.model.strip():
-        raise ConfigError("reward.teacher.model is empty: name the teacher model (e.g. "
-                          "claude-3-5-haiku-latest, gpt-4o-mini, or what a local server serves)")
-    if cfg.base_url and not cfg.base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"reward.teacher.base_url = {cfg.base_url!r} must start with http:// "
-                          "or https://")
-    if cfg.max_cost_usd > 0 and cfg.price_in_per_mtok == 0 and cfg.price_out_per_mtok == 0:
-        raise ConfigError("reward.teacher.max_cost_usd needs prices to estimate cost: set "
-                          "reward.teacher.price_in_per_mtok and price_out_per_mtok")
-    rubric = judge.rubric_from_config(cfg.criteria)
-    import_sdk(cfg.provider)
-    env = key_env(cfg)
-    key = os.environ.get(env, "")
-    if not key and not cfg.base_url:
-        raise ConfigError(f"the {cfg.provider} teacher needs an API key in ${env}: export it, or "
-                          "set reward.teacher.api_key_env to the variable that holds it")
-    ep = Endpoint(cfg.provider, cfg.model, key or NO_KEY, env, cfg.base_url.rstrip("/"),
-                  cfg.timeout_s, cfg.max_retries, cfg.max_tokens, cfg.temperature,
-                  cfg.structured_output)
-    return ep, rubric
-
-
-# --- accounting ------------------------------------------------------------------------------
-
-
-@dataclass
-class Ledger:
-    calls: int = 0
-    cache_hits: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float = 0.0
-    unscorable: int = 0
-
-    def metrics(self, prefix: str) -> dict[str, float]:
-        return {f"{prefix}{f.name}": float(getattr(self, f.name)) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One call's outcome: an answer, or the error that made it unscorable."""
-
-    answer: Answer | None
-    key: str
-    error: str = ""
-    cached: bool = False
-    cost_usd: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -123,25 +71,29 @@ class Reference:
     error: str = ""
 
 
-class _LoopThread:
-    """A private asyncio loop in a daemon thread; `run` blocks until a coroutine finishes."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="teacher-loop",
-                                       daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
-
-
 # --- the reward ------------------------------------------------------------------------------
+
+
+@dataclass
+class Judged:
+    """One candidate's raw judgements: one verdict per sample, the position it was shown at
+    (rank mode) and its share of the calls' cost."""
+
+    verdicts: list[judge.Verdict] = field(default_factory=list)
+    positions: list[int | None] = field(default_factory=list)
+    size: int = 1
+    cost_usd: float = 0.0
+    cached: bool = True
+
+
+@dataclass
+class Group:
+    """One task's candidates after their calls, before they become rewards."""
+
+    codes: list[str]
+    live: list[int]
+    judged: list[Judged]
+    ref: Reference
 
 
 class TeacherReward:
@@ -150,50 +102,68 @@ class TeacherReward:
     def __init__(self, cfg: TeacherConfig, output_dir: str | Path | None = None) -> None:
         self.cfg = cfg
         self.endpoint, self.rubric = check_teacher(cfg)
+        self._views = judge.views(self.rubric, cfg.strip_comments)
         path = cfg.cache_path or (Path(output_dir) / CACHE_FILE if output_dir else None)
-        self._cache = AnswerCache(path)
         self._client: Client = make_client(self.endpoint)
-        self._ep_id = f"{cfg.provider}|{self.endpoint.base_url}|{cfg.model}"
-        self._schemas = (judge.judge_schema(self.rubric), judge.rank_schema(self.rubric))
-        self._run, self._step = Ledger(), Ledger()
-        self._stop: str | None = None
-        self._inflight: dict[str, asyncio.Future[Reply]] = {}
-        self._sem = asyncio.Semaphore(cfg.concurrency)
-        self._loop = _LoopThread()
+        ep_id = f"{cfg.provider}|{self.endpoint.base_url}|{cfg.model}"
+        self._calls = Caller(cfg, self._client, AnswerCache(path), ep_id, self.rubric.version)
+        self._positions = PositionStats()
+        self._loop = LoopThread()
         self._closed = False
 
     # RewardFn ---------------------------------------------------------------------------------
 
-    def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[Reward]:
+    def score(self, tasks: Sequence[Task], completions: Sequence[str], *,
+              repeat: int = 0) -> list[Reward]:
+        """One reward per completion. `repeat` r > 0 draws fresh judgements (samples r*S to
+        r*S+S-1, S = `samples`, each its own cache entry); training uses repeat 0."""
         if len(tasks) != len(completions):
             raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
+        return self._run_batch(self._score_all(list(tasks), list(completions), repeat))
+
+    def score_orders(self, groups: Sequence[tuple[Task, Sequence[str], Sequence[int]]],
+                     repeat: int = 0) -> list[list[Reward]]:
+        """Rank mode: each (task, completions, order) judged in that order (`order[k]`: the
+        index of the completion shown at position k) as the judge answered it (no shuffle, no
+        position correction); one list of rewards per group, in the completions' own order."""
+        if self.cfg.mode != "rank":
+            raise ValueError("score_orders needs reward.teacher.mode rank")
+        return self._run_batch(self._score_orders(
+            [(t, list(c), tuple(o)) for t, c, o in groups], repeat))
+
+    def _run_batch(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
             raise RuntimeError("TeacherReward.score() after close()")
-        self._step = Ledger()
-        rewards = self._loop.run(self._score_all(list(tasks), list(completions)))
+        self._calls.step = Ledger()
+        out = self._loop.run(coro)
+        rewards = _flat(out)
         failed = [r.reason.removeprefix("unscorable: ") for r in rewards if r.value is None]
-        self._step.unscorable = len(failed)
-        self._run.unscorable += len(failed)
+        self._calls.count("unscorable", len(failed))
         if failed:
             common = "; ".join(f"{why} (x{n})" for why, n in Counter(failed).most_common(3))
             log.warning("teacher: %d/%d completions unscorable: %s", len(failed), len(rewards),
                         common)
-        return rewards
+        return out
 
     def metrics(self) -> dict[str, float]:
         """Running totals since construction: `teacher/calls`, `cache_hits`, `input_tokens`,
-        `output_tokens`, `cost_usd`, `unscorable` (a step's share is the difference); and the
-        rubric's weights, `scoring/<criterion>` (the seed trainer's Scoring/* tags)."""
+        `output_tokens`, `cost_usd`, `unscorable` (a step's share is the difference); the
+        rubric's weights, `scoring/<criterion>` (the seed trainer's Scoring/* tags); in rank
+        mode with rank_debias, `teacher/position_bias` once estimated."""
         weights = {f"scoring/{c.name}": c.weight for c in self.rubric.criteria}
-        return {**self._run.metrics("teacher/"), **weights}
+        out = {**self._calls.run.metrics("teacher/"), **weights}
+        bias = self._positions.max_abs_effect()
+        if bias is not None:
+            out["teacher/position_bias"] = bias
+        return out
 
     def step_metrics(self) -> dict[str, float]:
         """The same counters for the last score() call only."""
-        return self._step.metrics("teacher/")
+        return self._calls.step.metrics("teacher/")
 
     def stop_reason(self) -> str | None:
         """A one-line reason to end the run (budget reached), else None."""
-        return self._stop
+        return self._calls.stop
 
     def close(self) -> None:
         if self._closed:
@@ -203,7 +173,7 @@ class TeacherReward:
             self._loop.run(self._client.close())
         finally:
             self._loop.close()
-            self._cache.close()
+            self._calls.cache.close()
 
     def __enter__(self) -> TeacherReward:
         return self
@@ -213,21 +183,33 @@ class TeacherReward:
 
     # one batch --------------------------------------------------------------------------------
 
-    async def _score_all(self, tasks: list[Task], completions: list[str]) -> list[Reward]:
+    async def _score_all(self, tasks: list[Task], completions: list[str],
+                         repeat: int) -> list[Reward]:
         groups = group_indices([t.id for t in tasks])
-        jobs = [self._score_group(tasks[idx[0]], [completions[i] for i in idx])
+        jobs = [self._score_group(tasks[idx[0]], [completions[i] for i in idx], repeat, None)
                 for idx in groups.values()]
-        outs = await asyncio.gather(*jobs, return_exceptions=True)
-        errors = [o for o in outs if isinstance(o, BaseException)]
-        if errors:
-            raise next((e for e in errors if isinstance(e, TeacherError)), errors[0])
+        outs = await _settle(jobs)
+        debias = self.cfg.mode == "rank" and self.cfg.rank_debias
+        if debias:  # the whole batch updates the statistics, then every candidate is corrected
+            for g in outs:
+                self._observe(g)
         rewards: list[Reward] = [Reward(None)] * len(tasks)
-        for idx, group in zip(groups.values(), outs, strict=True):
-            for i, r in zip(idx, group, strict=True):
+        for idx, g in zip(groups.values(), outs, strict=True):
+            for i, r in zip(idx, self._finish(g, debias), strict=True):
                 rewards[i] = r
         return rewards
 
-    async def _score_group(self, task: Task, completions: list[str]) -> list[Reward]:
+    async def _score_orders(self, groups: list[tuple[Task, list[str], tuple[int, ...]]],
+                            repeat: int) -> list[list[Reward]]:
+        for _, completions, order in groups:
+            if sorted(order) != list(range(len(completions))):
+                raise ValueError(f"order {order} is not a permutation of the "
+                                 f"{len(completions)} completions")
+        outs = await _settle([self._score_group(t, c, repeat, o) for t, c, o in groups])
+        return [self._finish(g, False) for g in outs]
+
+    async def _score_group(self, task: Task, completions: list[str], repeat: int,
+                           order: tuple[int, ...] | None) -> Group:
         codes = [extract_code(c, task.language) for c in completions]
         live = [i for i, c in enumerate(codes) if c.strip()]
         ref_code, ref_error = None, "reference off"
@@ -237,58 +219,131 @@ class TeacherReward:
             live = []  # nothing to divide by: do not pay for the student calls
         shown = ref_code if self.cfg.mode != "ratio" else None
         if self.cfg.mode == "rank":
-            student_job = self._rank(task, [codes[i] for i in live], shown)
+            if order is not None:  # the order is of all candidates: keep the live ones' ranks
+                order = tuple(i for i in order if i in live)
+                order = tuple(live.index(i) for i in order)
+            student_job = self._rank(task, [codes[i] for i in live], shown, repeat, order)
         else:
-            student_job = _gather([self._judge(task, codes[i], shown) for i in live])
-        teacher_job = self._judge(task, ref_code, None) if ref_code else _none()
+            student_job = _gather([self._judge(task, codes[i], shown, repeat) for i in live])
+        teacher_job = self._judge(task, ref_code, None, 0) if ref_code else _none()
         teacher, students = await asyncio.gather(teacher_job, student_job)
         ref = Reference(None, None, ref_error)
         if teacher is not None:
-            ref = Reference(ref_code, self._total(teacher[0]), teacher[0].error)
+            verdict = judge.mean_verdict(teacher.verdicts)
+            ref = Reference(ref_code, self._total(verdict), verdict.error)
+        return Group(codes, live, list(students), ref)
+
+    def _observe(self, g: Group) -> None:
+        for j in g.judged:
+            for v, pos in zip(j.verdicts, j.positions, strict=True):
+                if v.scores is not None and pos is not None:
+                    self._positions.update(j.size, pos, v.scores)
+
+    def _finish(self, g: Group, debias: bool) -> list[Reward]:
         unscored = Reward(None, {n: None for n in self.rubric.names},
-                          f"unscorable: no teacher score ({ref.error})")
-        out = [_empty(self.rubric, ref) if not c.strip() else unscored for c in codes]
-        share = len(live) if self.cfg.mode == "rank" else 1
-        for i, (verdict, reply) in zip(live, students, strict=True):
-            out[i] = self._reward(verdict, reply, ref, share)
+                          f"unscorable: no teacher score ({g.ref.error})")
+        out = [_empty(self.rubric, g.ref) if not c.strip() else unscored for c in g.codes]
+        for i, j in zip(g.live, g.judged, strict=True):
+            out[i] = self._reward(self._final(j, debias), j, g.ref)
         return out
 
-    # the three kinds of call ------------------------------------------------------------------
+    def _final(self, j: Judged, debias: bool) -> judge.Verdict:
+        """The samples averaged, each corrected for its position first (rank_debias)."""
+        if not debias:
+            return judge.mean_verdict(j.verdicts)
+        fixed = [judge.Verdict(self._positions.correct(j.size, pos, v.scores), v.rationale)
+                 if v.scores is not None and pos is not None else v
+                 for v, pos in zip(j.verdicts, j.positions, strict=True)]
+        return judge.mean_verdict(fixed)
+
+    # the calls --------------------------------------------------------------------------------
 
     async def _reference_code(self, task: Task) -> tuple[str | None, str]:
         system, user = judge.reference_messages(task.prompt, task.language)
-        reply = await self._ask("reference", system, user, None, "")
+        reply = await self._calls.ask("reference", system, user, None, "", "", 0)
         if reply.answer is None or reply.answer.refusal:
             return None, f"reference: {reply.error or 'refused'}"
         data = reply.answer.data
         code = extract_code(data, task.language).strip() if isinstance(data, str) else ""
         if not code:
             return None, "reference: empty answer"
-        self._remember(reply, "reference")
+        self._calls.remember(reply, "reference")
         return code, ""
 
-    async def _judge(self, task: Task, code: str, reference: str | None
-                     ) -> tuple[judge.Verdict, Reply]:
-        system = judge.judge_system(self.rubric, self._client.by_tool)
-        user = judge.judge_user(self.rubric, task.prompt, task.language, code, reference)
-        reply = await self._ask("judge", system, user, self._schemas[0], judge.JUDGE_TOOL)
-        verdict = self._verdicts(reply, 1, lambda d: [judge.parse_judgement(d, self.rubric)])[0]
+    def _samples(self, repeat: int) -> range:
+        s = self.cfg.samples
+        return range(repeat * s, repeat * s + s)
+
+    async def _judge(self, task: Task, code: str, reference: str | None, repeat: int) -> Judged:
+        """`samples` judgements of one completion, each over the rubric's views."""
+        calls = [_gather([self._judge_view(v, task, code, reference, k) for v in self._views])
+                 for k in self._samples(repeat)]
+        out = Judged()
+        for parts in await _gather(calls):
+            out.verdicts.append(judge.merge_verdicts([v for v, _ in parts]))
+            out.positions.append(None)
+            _charge(out, [r for _, r in parts], 1)
+        return out
+
+    async def _judge_view(self, view: judge.View, task: Task, code: str, reference: str | None,
+                          sample: int) -> tuple[judge.Verdict, Reply]:
+        shown = strip_comments(code, task.language) if view.stripped else code
+        system = judge.judge_system(view.rubric, self._client.by_tool, view.stripped)
+        user = judge.judge_user(view.rubric, task.prompt, task.language, shown, reference,
+                                view.stripped)
+        reply = await self._calls.ask("judge", system, user, judge.judge_schema(view.rubric),
+                                judge.JUDGE_TOOL, view.rubric.version, sample)
+        verdict = self._verdicts(reply, 1, lambda d: [judge.parse_judgement(d, view.rubric)])[0]
         if verdict.scores is not None:
-            self._remember(reply, "judge")
+            self._calls.remember(reply, "judge")
         return verdict, reply
 
-    async def _rank(self, task: Task, codes: list[str], reference: str | None
-                    ) -> list[tuple[judge.Verdict, Reply]]:
+    def _order(self, task: Task, codes: list[str], sample: int) -> tuple[int, ...]:
+        if not self.cfg.rank_debias:
+            return tuple(range(len(codes)))
+        return shuffled(len(codes), cache_key(task.id, str(sample), *codes))
+
+    async def _rank(self, task: Task, codes: list[str], reference: str | None, repeat: int,
+                    order: tuple[int, ...] | None) -> list[Judged]:
+        """`samples` rank calls of the group, each in `order` or (None) its own order."""
+        out = [Judged(size=len(codes)) for _ in codes]
         if not codes:
-            return []
-        system = judge.rank_system(self.rubric, self._client.by_tool)
-        user = judge.rank_user(self.rubric, task.prompt, task.language, codes, reference)
-        reply = await self._ask("rank", system, user, self._schemas[1], judge.RANK_TOOL)
+            return out
+        jobs = [self._rank_once(task, codes, reference, k,
+                                order if order is not None else self._order(task, codes, k))
+                for k in self._samples(repeat)]
+        for verdicts, perm, replies in await _gather(jobs):
+            for pos, idx in enumerate(perm):
+                out[idx].verdicts.append(verdicts[pos])
+                out[idx].positions.append(pos)
+                _charge(out[idx], replies, len(codes))
+        return out
+
+    async def _rank_once(self, task: Task, codes: list[str], reference: str | None, sample: int,
+                         perm: tuple[int, ...]
+                         ) -> tuple[list[judge.Verdict], tuple[int, ...], list[Reply]]:
+        """One ranking of the group shown in `perm`; verdicts in shown order."""
+        shown = [codes[i] for i in perm]
+        parts = await _gather([self._rank_view(v, task, shown, reference, sample)
+                               for v in self._views])
+        verdicts = [judge.merge_verdicts([p[0][k] for p in parts]) for k in range(len(perm))]
+        return verdicts, perm, [p[1] for p in parts]
+
+    async def _rank_view(self, view: judge.View, task: Task, codes: list[str],
+                         reference: str | None, sample: int
+                         ) -> tuple[list[judge.Verdict], Reply]:
+        if view.stripped:
+            codes = [strip_comments(c, task.language) for c in codes]
+        system = judge.rank_system(view.rubric, self._client.by_tool, view.stripped)
+        user = judge.rank_user(view.rubric, task.prompt, task.language, codes, reference,
+                               view.stripped)
+        reply = await self._calls.ask("rank", system, user, judge.rank_schema(view.rubric),
+                                judge.RANK_TOOL, view.rubric.version, sample)
         verdicts = self._verdicts(reply, len(codes),
-                                  lambda d: judge.parse_ranking(d, self.rubric, len(codes)))
+                                  lambda d: judge.parse_ranking(d, view.rubric, len(codes)))
         if all(v.scores is not None for v in verdicts):
-            self._remember(reply, "rank")
-        return [(v, reply) for v in verdicts]
+            self._calls.remember(reply, "rank")
+        return verdicts, reply
 
     def _verdicts(self, reply: Reply, n: int, parse: Callable[[Any], list[judge.Verdict]]
                   ) -> list[judge.Verdict]:
@@ -298,66 +353,12 @@ class TeacherReward:
             return [judge.Verdict(None, "", f"refused: {reply.answer.refusal[:80]}")] * n
         return parse(reply.answer.data)
 
-    # calls, cache, budget ---------------------------------------------------------------------
-
-    async def _ask(self, kind: str, system: str, user: str, schema: dict | None,
-                   tool: str) -> Reply:
-        key = cache_key(self._ep_id, self.rubric.version, kind, tool, system, user)
-        hit = _answer_from(self._cache.get(key))
-        if hit is not None:
-            self._count("cache_hits", 1)
-            return Reply(hit, key, cached=True)
-        if key in self._inflight:  # the same request is already on its way: share it
-            self._count("cache_hits", 1)
-            reply = await self._inflight[key]
-            return Reply(reply.answer, key, reply.error, cached=True)
-        fut = asyncio.ensure_future(self._fetch(system, user, schema, tool, key))
-        self._inflight[key] = fut
-        try:
-            return await fut
-        finally:
-            self._inflight.pop(key, None)
-
-    async def _fetch(self, system: str, user: str, schema: dict | None, tool: str,
-                     key: str) -> Reply:
-        async with self._sem:
-            if self._stop:
-                return Reply(None, key, "teacher budget reached")
-            try:
-                answer = await self._client.ask(system, user, schema, tool)
-            except CallError as e:
-                return Reply(None, key, str(e))
-        return Reply(answer, key, cost_usd=self._account(answer))
-
-    def _account(self, answer: Answer) -> float:
-        cost = (answer.input_tokens * self.cfg.price_in_per_mtok
-                + answer.output_tokens * self.cfg.price_out_per_mtok) / 1e6
-        self._count("calls", 1)
-        self._count("input_tokens", answer.input_tokens)
-        self._count("output_tokens", answer.output_tokens)
-        self._count("cost_usd", cost)
-        limit = self.cfg.max_cost_usd
-        if limit > 0 and self._run.cost_usd >= limit and not self._stop:
-            self._stop = (f"teacher budget reached: estimated ${self._run.cost_usd:.4f} >= "
-                          f"reward.teacher.max_cost_usd ${limit:.4f}")
-            log.warning(self._stop)
-        return cost
-
-    def _count(self, name: str, amount: float) -> None:
-        for ledger in (self._run, self._step):
-            setattr(ledger, name, getattr(ledger, name) + amount)
-
-    def _remember(self, reply: Reply, kind: str) -> None:
-        if not reply.cached and reply.answer is not None:
-            self._cache.put(reply.key, asdict(reply.answer), kind=kind, model=self.cfg.model,
-                            rubric=self.rubric.version)
-
     # rewards ----------------------------------------------------------------------------------
 
     def _total(self, verdict: judge.Verdict) -> float | None:
         return None if verdict.scores is None else self.rubric.total(verdict.scores)
 
-    def _reward(self, verdict: judge.Verdict, reply: Reply, ref: Reference, share: int) -> Reward:
+    def _reward(self, verdict: judge.Verdict, judged: Judged, ref: Reference) -> Reward:
         score = self._total(verdict)
         value, reason = score, verdict.error
         if score is not None and self.cfg.mode == "ratio":
@@ -367,7 +368,8 @@ class TeacherReward:
         parts = {n: (verdict.scores or {}).get(n) for n in self.rubric.names}
         details = {"rationale": verdict.rationale, "student_score": score,
                    "teacher_code": ref.code, "teacher_score": ref.score,
-                   "cached": reply.cached, "cost_usd": reply.cost_usd / share}
+                   "cached": judged.cached, "cost_usd": judged.cost_usd,
+                   "samples": sum(v.scores is not None for v in judged.verdicts)}
         return Reward(value, parts, reason, details)
 
 
@@ -377,16 +379,27 @@ def _empty(rubric: judge.Rubric, ref: Reference) -> Reward:
                    "teacher_score": ref.score, "cached": False, "cost_usd": 0.0})
 
 
-def _answer_from(row: Any) -> Answer | None:
-    """A cached answer, or None for a miss or a row this version cannot read."""
-    try:
-        return Answer(**row) if isinstance(row, dict) else None
-    except TypeError:
-        return None
-
-
 async def _none() -> None:
     return None
+
+
+def _charge(judged: Judged, replies: list[Reply], share: int) -> None:
+    """Add a call's cost (split over the `share` candidates it judged) to a candidate."""
+    judged.cost_usd += sum(r.cost_usd for r in replies) / share
+    judged.cached = judged.cached and all(r.cached for r in replies)
+
+
+async def _settle(jobs: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Every job run to its end; then the first TeacherError (else the first error) raised."""
+    outs = await asyncio.gather(*jobs, return_exceptions=True)
+    errors = [o for o in outs if isinstance(o, BaseException)]
+    if errors:
+        raise next((e for e in errors if isinstance(e, TeacherError)), errors[0])
+    return outs  # type: ignore[return-value]
+
+
+def _flat(out: list[Any]) -> list[Reward]:
+    return [r for x in out for r in (x if isinstance(x, list) else [x])]
 
 
 async def _gather(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
