@@ -40,11 +40,24 @@ class Task:
 
 
 @dataclass(frozen=True)
+class Turn:
+    """One answer of a multi-turn conversation and what followed it: the feedback the student
+    was shown (empty after the last answer) and whether the visible tests passed."""
+
+    text: str
+    feedback: str = ""
+    passed: bool | None = None
+
+
+@dataclass(frozen=True)
 class Rollout:
-    """One sampled completion of one task.
+    """One sampled completion of one task (or, with several turns, one conversation).
 
     `logprobs[i]` is the sampler's log-probability of `tokens[i]` at temperature `temperature`
-    (the full tempered distribution, before top-p/top-k truncation).
+    (the full tempered distribution, before top-p/top-k truncation). In a conversation `tokens`
+    holds every answer and the feedback turns between them; `mask[i]` is 1 for the student's
+    tokens and 0 for feedback (whose log-probs are 0 and never trained on); `text` is the last
+    answer, `turns` each answer with its feedback. `mask` None: every token is the student's.
     """
 
     task: Task
@@ -54,10 +67,17 @@ class Rollout:
     text: str
     finish_reason: str  # "stop" | "length"
     temperature: float
+    mask: tuple[int, ...] | None = None
+    turns: tuple[Turn, ...] = ()
 
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+    @property
+    def trained_tokens(self) -> int:
+        """How many of `tokens` are the student's."""
+        return len(self.tokens) if self.mask is None else int(sum(self.mask))
 
 
 @dataclass(frozen=True)

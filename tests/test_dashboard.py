@@ -105,6 +105,15 @@ def test_render_hides_teacher_row_without_a_teacher():
     assert "Teacher" not in text and "step 1/2" in text
 
 
+def test_render_shows_turns_of_multi_turn_rollouts():
+    metrics = {"reward/mean": 0.5, "turns/mean": 1.75, "turns/pass_at_1": 0.25,
+               "turns/pass_at_2": 0.5}
+    text = render_text(DashboardState(total_steps=2, step=1, first_step=1, metrics=metrics))
+    assert "mean 1.75 answers  pass after 1: 25%  after 2: 50%" in text
+    assert "Turns" not in render_text(DashboardState(total_steps=2, step=1, first_step=1,
+                                                     metrics={"reward/mean": 0.5}))
+
+
 SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path

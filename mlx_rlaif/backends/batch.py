@@ -62,7 +62,7 @@ def _targets(rollouts: Sequence[Rollout], starts: Sequence[int], width: int,
     out = {k: np.zeros((n, width), dtype=np.float32) for k in per_token}
     for i, (r, start) in enumerate(zip(rollouts, starts, strict=True)):
         stop = start + len(r.tokens)
-        mask[i, start:stop] = 1.0
+        mask[i, start:stop] = 1.0 if r.mask is None else r.mask  # feedback tokens: 0
         for k, values in per_token.items():
             out[k][i, start:stop] = values[i]
     out["mask"], out["weights"] = mask, mask * np.asarray(weights, dtype=np.float32)[:, None]

@@ -47,6 +47,8 @@ class Ops:
     reference: Callable[[Any, list[Rollout], Config], list[np.ndarray]]
     # (policy, rollouts, config, the first batch's mean reward for a fresh head) -> values
     values: Callable[[Any, list[Rollout], Config, float | None], list[np.ndarray]]
+    # (policy, tasks, sampling, G, prompt formatter, seed, max turns, respond) -> conversations
+    converse: Callable[..., tuple[list[Rollout], dict]]
     update: Update
     advance_reference: Callable[[Any, Config, int], None]  # (policy, config, steps done)
     save: Save
@@ -71,6 +73,14 @@ def mlx_ops() -> Ops:
         with training_fast_paths(policy.model):
             return update.reference_logprobs(policy.model, rollouts, cfg, policy.split,
                                              policy.reference)
+
+    def converse(policy: Any, tasks: list[Task], params: SamplingParams, group_size: int,
+                 fmt: Callable[[Task], list[int]], seed: int | None, max_turns: int,
+                 respond: Callable[..., Any]) -> tuple[list[Rollout], dict]:
+        if seed is not None:
+            mx.random.seed(seed)
+        return rollout.sample_conversations(policy.model, policy.tokenizer, tasks, params,
+                                            group_size, fmt, max_turns, respond)
 
     def values(policy: Any, rollouts: list[Rollout], cfg: Config, mean_reward: float | None
                ) -> list[np.ndarray]:
@@ -99,7 +109,7 @@ def mlx_ops() -> Ops:
                                      cfg.model.quantize, cfg.rl.advantage == "gae",
                                      cfg.rl.reference != "base"),
         optimizer=lambda policy, cfg, n: update.make_optimizer(cfg.training, n), sample=sample,
-        reference=reference, values=values, update=update_,
+        reference=reference, values=values, converse=converse, update=update_,
         advance_reference=update.advance_reference, save=save, restore=update.restore,
         mlx_model=lambda policy, cfg, path: (policy.model, policy.tokenizer))
 
@@ -115,14 +125,16 @@ def torch_ops() -> Ops:
                                         cfg.training.seed, cfg.model.trust_remote_code,
                                         cfg.model.device or None),
         optimizer=update.make_optimizer, sample=rollout.sample,
-        reference=update.reference_logprobs, values=_no_critic, update=update.update,
+        reference=update.reference_logprobs, values=_no_critic, converse=_no_critic,
+        update=update.update,
         advance_reference=lambda policy, cfg, step: None, save=tp.save_checkpoint,
         restore=tp.restore,
         mlx_model=lambda policy, cfg, path: load_with_adapters(cfg.model.path, path)[:2])
 
 
-def _no_critic(*args: Any) -> list[np.ndarray]:
-    raise NotImplementedError("the torch backend has no critic (refused by config.check)")
+def _no_critic(*args: Any) -> Any:
+    raise NotImplementedError("the torch backend has no critic and no multi-turn rollouts "
+                              "(refused by config.check)")
 
 
 OPS: dict[str, Callable[[], Ops]] = {"mlx": mlx_ops, "torch": torch_ops}

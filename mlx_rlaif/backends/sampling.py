@@ -1,5 +1,6 @@
-"""What both backends share about sampling: the sampling parameters, and prompt token ids from
-a task (the tokenizer's chat template, or the plain text).
+"""What both backends share about sampling: the sampling parameters, prompt token ids from a
+task (the tokenizer's chat template, or the plain text), and a conversation's next user turn
+(`Reply`, `feedback_tokens`).
 
 Not covered: stop strings, logits processors (neither backend supports them).
 """
@@ -41,6 +42,33 @@ def format_prompt(tokenizer: Any, task: Task, chat_template: bool = True,
     ids = tokenizer.encode(text)
     bos = getattr(tokenizer, "bos_token_id", None)
     return list(ids) if ids else ([bos] if bos is not None else [0])
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What follows one answer of a conversation: the feedback turn's token ids (None: the
+    conversation ends here), its text, and whether the answer passed the visible tests."""
+
+    tokens: list[int] | None
+    feedback: str = ""
+    passed: bool | None = None
+
+
+def feedback_tokens(tokenizer: Any, text: str, eos_id: int, chat_template: bool = True) -> list[int]:
+    """The token ids that follow an answer ended by `eos_id` to give the student `text` as the
+    next user turn and open its next answer: through the chat template when there is one (what
+    the template writes after an assistant message's end marker, then the user turn and the
+    generation prompt), else as plain text between blank lines."""
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        return list(tokenizer.encode(f"\n\n{text}\n\n", add_special_tokens=False))
+    turn = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]
+    before = tokenizer.apply_chat_template(turn, tokenize=False)
+    after = tokenizer.apply_chat_template([*turn, {"role": "user", "content": text}],
+                                          tokenize=False, add_generation_prompt=True)
+    end = tokenizer.decode([eos_id])
+    cut = before.rfind(end)
+    tail = before[cut + len(end):] if cut >= 0 else ""
+    return list(tokenizer.encode(tail + after[len(before):], add_special_tokens=False))
 
 
 def prompt_formatter(tokenizer: Any, model_cfg: Any = None) -> Callable[[Task], list[int]]:

@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="per-task results JSONL (default: eval_results.jsonl)",
                    default="eval_results.jsonl")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--turns", type=int, default=1,
+                   help="answers per conversation: after a failed answer the exec reward's "
+                        "report on the visible tests is the next user turn; pass@1 is then "
+                        "reported after turn 1 and after turn K, on the hidden tests")
     p.add_argument("--config", help="YAML config for generation/reward settings")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
 
@@ -46,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from ..rewards.build import build_reward
     from ..train.evaluate import evaluate_tasks
 
-    if args.n < 1:
-        raise UsageError("-n must be at least 1")
+    if args.n < 1 or args.turns < 1:
+        raise UsageError("-n and --turns must be at least 1")
     cfg = load(args.config, list(args.set))
     if args.max_new_tokens:
         cfg = replace(cfg, generation=replace(cfg.generation, max_new_tokens=args.max_new_tokens))
@@ -59,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
     temp = args.temperature if args.temperature is not None else (0.7 if args.n > 1 else 0.2)
     ks = sorted({1, args.n} | {k for k in (5, 10, 100) if k <= args.n})
     try:
-        res = evaluate_tasks(mlx_ops().sample, policy, tasks, reward_fn, cfg, n=args.n, ks=ks,
-                             seed=args.seed, temperature=temp, out=args.out)
+        ops = mlx_ops()
+        res = evaluate_tasks(ops.sample, policy, tasks, reward_fn, cfg, n=args.n, ks=ks,
+                             seed=args.seed, temperature=temp, out=args.out, turns=args.turns,
+                             converse=ops.converse)
     finally:
         reward_fn.close()
     table = Table(title=f"{args.suite}: {res['n_tasks']} tasks x {args.n} samples, T={temp}")
@@ -68,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(col)
     for k in ks:
         table.add_row(f"pass@{k}", f"{res[f'pass@{k}']:.3f}")
+    if "pass@1_turn1" in res:
+        table.add_row("pass@1 after turn 1", f"{res['pass@1_turn1']:.3f}")
+        table.add_row(f"pass@1 after turn {args.turns}", f"{res['pass@1']:.3f}")
+        table.add_row("answers per conversation", f"{res['turns_mean']:.2f}")
     table.add_row("mean reward", f"{res['reward_mean']:.3f}")
     table.add_row("generation tokens/s", f"{res['gen_tokens_per_sec']:.1f}")
     Console().print(table)

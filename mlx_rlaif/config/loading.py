@@ -235,6 +235,12 @@ def check(cfg: Config) -> Config:
     if cfg.model.backend == "torch" and (cfg.rl.advantage == "gae" or cfg.rl.reference != "base"):
         raise ConfigError("rl.advantage gae and rl.reference ema/periodic are MLX-only: the torch "
                           "backend takes grpo, rloo or reinforce against the frozen base")
+    if cfg.generation.max_turns > 1 and cfg.reward.type not in ("exec", "mix"):
+        raise ConfigError("generation.max_turns > 1 feeds the exec reward's failure report back: "
+                          "set reward.type to exec or mix")
+    if cfg.generation.max_turns > 1 and cfg.model.backend == "torch":
+        raise ConfigError("generation.max_turns > 1 is MLX-only (it continues the KV caches): "
+                          "set it to 1 for the torch backend")
     if cfg.model.backend == "torch" and cfg.model.quantize:
         raise ConfigError("model.quantize is MLX-only: the torch backend trains float weights "
                           "(pass a float model and set model.quantize to 0)")

@@ -93,6 +93,18 @@ class GenerationConfig:
     prefill_once: bool = opt(True, "Prefill each prompt once and share its KV cache with the G "
                              "completions of its group.")
     completion_batch_size: int = opt(0, "Most sequences decoded at once (0: all P x G).", _nonneg)
+    max_turns: int = opt(1, "Answers per conversation (1: single answers). Above 1, an answer "
+                         "that fails its task's visible tests gets the exec reward's failure "
+                         "report as the next user turn and answers again, up to max_turns or "
+                         "until the visible tests pass; the last answer is scored on the hidden "
+                         "tests. Needs reward.type exec or mix (MLX backend).", _pos)
+    visible_tests: float = opt(0.5, "max_turns > 1: the share of a task's tests shown in the "
+                               "feedback (the first ones; at least one, and one kept hidden when "
+                               "there are two or more); the rest score the last answer. A task "
+                               "with one test (or HumanEval-style checks) shows and scores it.",
+                               lambda v: 0 < v < 1, "use a number strictly between 0 and 1")
+    feedback_chars: int = opt(600, "max_turns > 1: the longest feedback turn, in characters.",
+                              _pos)
     fuse_lora_max_mb: int = opt(256, "MLX: decode with the LoRA adapters fused into a temporary "
                                 "copy of the adapted weights when that copy takes at most this "
                                 "many MB (0: never; quantized weights: never). Small models decode "
@@ -131,6 +143,11 @@ class RLConfig:
     num_iterations: int = opt(1, "Updates per rollout batch (PPO epochs); the sampler log-probs "
                               "are the old policy, so extra iterations cost no extra forward.", _pos)
     mask_truncated: bool = opt(False, "Leave completions cut at max_new_tokens out of the loss.")
+    turn_discount: float = opt(1.0, "max_turns > 1: the last answer's reward times "
+                               "turn_discount ** (answers - 1).", _unit)
+    early_pass_bonus: float = opt(0.0, "max_turns > 1: added to the reward of a conversation "
+                                  "whose last answer passes, times the share of turns it did not "
+                                  "need.", _nonneg)
     gamma: float = opt(1.0, "gae: discount per token.", _unit)
     lam: float = opt(0.95, "gae: lambda of generalized advantage estimation (1: returns minus "
                      "values, 0: one-step TD errors).", _unit)

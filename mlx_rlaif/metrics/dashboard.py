@@ -169,6 +169,11 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
                 f"{fmt(m.get('teacher/exec_pairs'), ',.0f')} pairs",
             )
         )
+    if "turns/mean" in m:
+        passes = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in m.items()
+                        if k.startswith("turns/pass_at_"))
+        rows.append(("Turns", f"mean {fmt(m.get('turns/mean'), '.2f')} answers  pass "
+                     + "  ".join(f"after {k}: {fmt(v, '.0%')}" for k, v in passes)))
     return rows
 
 

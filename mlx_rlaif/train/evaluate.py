@@ -22,6 +22,7 @@ from ..backends.ops import Sample
 from ..backends.sampling import SamplingParams, prompt_formatter
 from ..records import Reward, Rollout, Task
 from ..rewards.base import RewardFn
+from .multiturn import hidden_tasks, responder
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -41,11 +42,15 @@ def evaluate_tasks(sample: Sample, policy: Any, tasks: Sequence[Task], reward_fn
                    cfg: Any, n: int = 1, ks: Sequence[int] = (1,), seed: int = 0,
                    temperature: float | None = None, batch_size: int = 8,
                    out: str | Path | None = None,
-                   on_scored: Callable[[list[Rollout], list[Reward]], None] | None = None
+                   on_scored: Callable[[list[Rollout], list[Reward]], None] | None = None,
+                   turns: int = 1, converse: Callable[..., Any] | None = None
                    ) -> dict[str, Any]:
     """Score n samples of every task, drawn by the backend's `sample` (`backends.ops.Ops`);
     returns pass@k, mean reward, tokens/s and per-task rows. `on_scored(rollouts, rewards)` sees
-    each scored chunk (the trainer keeps them as dataset records)."""
+    each scored chunk (the trainer keeps them as dataset records). With `turns` > 1 each sample
+    is a conversation (the backend's `converse`, the exec reward's feedback between answers):
+    its last answer and its first one are both scored on the hidden tests, pass@1 after turn K
+    and `pass@1_turn1`."""
     params = SamplingParams.from_config(cfg.generation)
     if temperature is not None:
         params = replace(params, temperature=temperature)
@@ -53,15 +58,26 @@ def evaluate_tasks(sample: Sample, policy: Any, tasks: Sequence[Task], reward_fn
     rows, tokens, seconds = [], 0.0, 0.0
     for start in range(0, len(tasks), batch_size):
         chunk = list(tasks[start: start + batch_size])
-        rollouts, stats = sample(policy, chunk, params, n, fmt, seed if start == 0 else None)
+        first_seed = seed if start == 0 else None
+        if turns > 1:
+            respond = responder(reward_fn, policy.tokenizer, cfg.generation,
+                                cfg.model.chat_template)
+            rollouts, stats = converse(policy, chunk, params, n, fmt, first_seed, turns, respond)
+        else:
+            rollouts, stats = sample(policy, chunk, params, n, fmt, first_seed)
         tokens += stats["gen/tokens"]
         seconds += stats["gen/seconds"]
-        rewards = reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
+        hidden = ([r.task for r in rollouts] if turns == 1
+                  else hidden_tasks(rollouts, cfg.generation.visible_tests))
+        rewards = reward_fn.score(hidden, [r.text for r in rollouts])
+        firsts = (reward_fn.score(hidden, [r.turns[0].text for r in rollouts]) if turns > 1
+                  else None)
         if on_scored is not None:
             on_scored(rollouts, rewards)
         for p, task in enumerate(chunk):
-            group = list(zip(rollouts[p * n:(p + 1) * n], rewards[p * n:(p + 1) * n], strict=True))
-            rows.append(_row(task, group))
+            part = slice(p * n, (p + 1) * n)
+            group = list(zip(rollouts[part], rewards[part], strict=True))
+            rows.append(_row(task, group, firsts[part] if firsts else None))
     result = summarize(rows, n, ks)
     result["gen_tokens_per_sec"] = tokens / seconds if seconds else 0.0
     result["temperature"] = params.temperature
@@ -71,14 +87,18 @@ def evaluate_tasks(sample: Sample, policy: Any, tasks: Sequence[Task], reward_fn
     return result
 
 
-def _row(task: Task, group: list) -> dict[str, Any]:
+def _row(task: Task, group: list, firsts: list[Reward] | None = None) -> dict[str, Any]:
     vals = [rw.value for _, rw in group]
-    return {
+    row = {
         "id": task.id, "language": task.language, "difficulty": task.difficulty,
         "n": len(group), "correct": sum(passed(rw) for _, rw in group),
         "rewards": vals, "completions": [r.text for r, _ in group],
         "reasons": [rw.reason for _, rw in group],
     }
+    if firsts is not None:
+        row["correct_turn1"] = sum(passed(rw) for rw in firsts)
+        row["turns"] = [len(r.turns) for r, _ in group]
+    return row
 
 
 def summarize(rows: list[dict], n: int, ks: Sequence[int]) -> dict[str, Any]:
@@ -88,6 +108,10 @@ def summarize(rows: list[dict], n: int, ks: Sequence[int]) -> dict[str, Any]:
             res[f"pass@{k}"] = float(np.mean([pass_at_k(r["n"], r["correct"], k) for r in rows]))
     vals = [v for r in rows for v in r["rewards"] if v is not None]
     res["reward_mean"] = float(np.mean(vals)) if vals else float("nan")
+    if rows and "correct_turn1" in rows[0]:
+        res["pass@1_turn1"] = float(np.mean([pass_at_k(r["n"], r["correct_turn1"], 1)
+                                             for r in rows]))
+        res["turns_mean"] = float(np.mean([t for r in rows for t in r["turns"]]))
     return res
 
 

@@ -21,7 +21,7 @@ from ..data import TaskOrder
 from ..errors import TeacherError
 from ..records import Task
 from .run import Run, maybe_save, save, saved_at
-from .step import rl_step, sample_records, step_seed
+from .step import rl_step, sample_records, score, step_seed
 
 
 def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
@@ -75,7 +75,7 @@ def baseline(run: Run, tasks: list[Task], order: TaskOrder, hub: Any) -> float:
         if not idx:
             break
         rollouts, _ = run.sample([tasks[i] for i in idx], step_seed(cfg.training.seed + 1, b))
-        rewards = run.reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
+        rewards = score(run, rollouts)
         values += [r.value for r in rewards if r.value is not None]
         hub.log_samples(0, sample_records(0, rollouts, rewards, split="validation"))
     return float(np.mean(values)) if values else float("nan")

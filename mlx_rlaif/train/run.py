@@ -22,6 +22,7 @@ from ..backends.sampling import SamplingParams
 from ..config import Config, dump
 from ..records import Task
 from ..rewards.base import RewardFn
+from .multiturn import responder
 
 
 @dataclass
@@ -43,9 +44,16 @@ class Run:
         return SamplingParams.from_config(self.cfg.generation)
 
     def sample(self, tasks: list[Task], seed: int | None) -> tuple[list, dict]:
-        """G completions of each task from the live policy (`seed` None: continue the stream)."""
-        return self.ops.sample(self.policy, tasks, self.sampling,
-                               self.cfg.generation.num_samples_per_prompt, self.format, seed)
+        """G completions of each task from the live policy (`seed` None: continue the stream);
+        conversations of up to generation.max_turns answers when it is above 1."""
+        gen = self.cfg.generation
+        if gen.max_turns == 1:
+            return self.ops.sample(self.policy, tasks, self.sampling,
+                                   gen.num_samples_per_prompt, self.format, seed)
+        respond = responder(self.reward_fn, self.policy.tokenizer, gen,
+                            self.cfg.model.chat_template)
+        return self.ops.converse(self.policy, tasks, self.sampling, gen.num_samples_per_prompt,
+                                 self.format, seed, gen.max_turns, respond)
 
 
 def due_checkpoint(t: Any, step: int, epoch: int, batch: int, epoch_end: bool) -> str | None:

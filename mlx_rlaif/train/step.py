@@ -20,6 +20,7 @@ from ..algo import advantages
 from ..algo.gae import gae, token_rewards, whiten
 from ..config import Config
 from ..records import Reward, Rollout, Task
+from .multiturn import hidden_tasks, shape, turn_metrics
 from .run import Run
 
 
@@ -28,7 +29,7 @@ def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
     t0 = time.perf_counter()
     rollouts, gen = sample_chunks(run, tasks)
     t1 = time.perf_counter()
-    rewards = run.reward_fn.score([r.task for r in rollouts], [r.text for r in rollouts])
+    rewards = score(run, rollouts)
     t2 = time.perf_counter()
     scores = [rw.value for rw in rewards]
     targets = (critic_targets if cfg.rl.advantage == "gae" else group_targets)(
@@ -48,7 +49,20 @@ def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
                "kl/penalty": kl_penalty, "optim/skipped": float(run.state.skipped),
                "time/generate": t1 - t0, "time/score": t2 - t1, "time/train": t3 - t2,
                "time/step": t3 - t0, **run.reward_fn.metrics()}
+    if cfg.generation.max_turns > 1:
+        metrics.update(turn_metrics(rollouts, rewards))
     return metrics, sample_records(run.state.step, rollouts, rewards, targets.summary.values)
+
+
+def score(run: Run, rollouts: list[Rollout]) -> list[Reward]:
+    """The rewards of the rollouts' (last) answers: on the task, or with several turns on its
+    hidden tests, shaped by the number of turns taken (multiturn.shape)."""
+    gen, rl = run.cfg.generation, run.cfg.rl
+    texts = [r.text for r in rollouts]
+    if gen.max_turns == 1:
+        return run.reward_fn.score([r.task for r in rollouts], texts)
+    raw = run.reward_fn.score(hidden_tasks(rollouts, gen.visible_tests), texts)
+    return shape(raw, rollouts, gen.max_turns, rl.turn_discount, rl.early_pass_bonus)
 
 
 @dataclass(frozen=True)
@@ -67,8 +81,10 @@ class Targets:
 
 
 def kl_k1(run: Run, rollouts: list[Rollout], ref: list[np.ndarray]) -> list[np.ndarray]:
-    """k1 = logp - ref_logp per token, logp the sampler's."""
-    return [np.subtract(r.logprobs, q) for r, q in zip(rollouts, ref, strict=True)]
+    """k1 = logp - ref_logp per token, logp the sampler's (0 on a conversation's feedback
+    tokens, which are not the student's)."""
+    return [np.subtract(r.logprobs, q) * (1 if r.mask is None else np.asarray(r.mask))
+            for r, q in zip(rollouts, ref, strict=True)]
 
 
 def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
@@ -184,6 +200,8 @@ def sample_records(step: int, rollouts: list[Rollout], rewards: list[Reward],
         "advantage": float(a), "reason": rw.reason, "rationale": _detail(rw, "rationale"),
         "truncated": r.truncated, "teacher_code": _detail(rw, "teacher_code"),
         "teacher_score": _detail(rw, "teacher_score"), "split": split,
+        **({"turns": [{"answer": t.text, "feedback": t.feedback, "passed": t.passed}
+                      for t in r.turns]} if len(r.turns) > 1 else {}),
     } for r, rw, a in zip(rollouts, rewards, adv, strict=True)]
 
 

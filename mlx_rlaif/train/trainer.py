@@ -138,11 +138,13 @@ def held_out_eval(run: Run, tasks: list[Task], hub: Any, when: str) -> dict[str,
                          n=d.eval_samples, seed=run.cfg.training.seed,
                          temperature=d.eval_temperature,
                          on_scored=lambda rs, rws: records.extend(
-                             sample_records(run.state.step, rs, rws, split="evaluation")))
+                             sample_records(run.state.step, rs, rws, split="evaluation")),
+                         turns=run.cfg.generation.max_turns, converse=run.ops.converse)
     hub.log_samples(run.state.step, records)
     summary = {"step": run.state.step, "tasks": res["n_tasks"], "samples_per_task": d.eval_samples,
                "temperature": d.eval_temperature, "pass@1": res["pass@1"],
-               "reward_mean": res["reward_mean"]}
+               "reward_mean": res["reward_mean"],
+               **{k: res[k] for k in ("pass@1_turn1", "turns_mean") if k in res}}
     evals = {**read_evals(run.run_dir), when: summary}
     write_json_atomic(run.run_dir / EVAL_FILE, evals)
     line = (f"held-out eval {when} training ({res['n_tasks']} tasks x {d.eval_samples}, "

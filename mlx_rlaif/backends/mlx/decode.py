@@ -47,6 +47,7 @@ class Decoded:
     logprobs: list[list[float]]
     finish: list[str]
     widths: list[int] = field(default_factory=list)
+    caches: list[Any] = field(default_factory=list)  # per row, when kept: its per-layer KVCache
 
 
 def picker(temperature: float, top_p: float = 1.0, top_k: int = 0) -> Pick:
@@ -112,11 +113,16 @@ def merged_cache(caches: list[list[Any]]) -> list[Any]:
 
 
 def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int, pick: Pick,
-           eos: Collection[int]) -> Decoded:
-    """Decode `len(first)` rows, each from its last prompt token, over `cache` (merged)."""
+           eos: Collection[int], keep_caches: bool = False) -> Decoded:
+    """Decode `len(first)` rows, each from its last prompt token, over `cache` (merged). With
+    `keep_caches`, each row's cache is cut out of the batch when it ends (mlx-lm's `extract`),
+    for a conversation to continue from: it holds a prefix of the row's prompt + tokens."""
     n = len(first)
-    out = Decoded([[] for _ in range(n)], [[] for _ in range(n)], ["length"] * n)
+    out = Decoded([[] for _ in range(n)], [[] for _ in range(n)], ["length"] * n,
+                  caches=[None] * n)
     if max_tokens < 1:
+        if keep_caches:
+            _keep(out, cache, list(range(n)), list(range(n)))
         return out
     rows = list(range(n))  # the row of each batch position
 
@@ -131,6 +137,9 @@ def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int
         if more:
             y_next, lp_next = step(y)
         keep = _record(out, rows, y.tolist(), lp.tolist(), eos)
+        if keep_caches:
+            ended = [j for j in range(len(rows)) if j not in keep or not more]
+            _keep(out, cache, rows, ended)
         if not (more and keep):
             break
         if len(keep) < len(rows):
@@ -141,6 +150,12 @@ def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int
             rows = [rows[j] for j in keep]
         y, lp = y_next, lp_next
     return out
+
+
+def _keep(out: Decoded, cache: list[Any], rows: list[int], ended: list[int]) -> None:
+    """Cut the caches of the batch positions `ended` out of the batch cache."""
+    for j in ended:
+        out.caches[rows[j]] = [c.extract(j) for c in cache]
 
 
 def _record(out: Decoded, rows: list[int], toks: list[int], lps: list[float],

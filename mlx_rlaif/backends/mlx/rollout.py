@@ -26,9 +26,9 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from ...cpu.kernels import decode_rope, fast_cpu_kernels
-from ...records import Rollout, Task
+from ...records import Rollout, Task, Turn
 from ..batch import chunks
-from ..sampling import SamplingParams, prompt_formatter
+from ..sampling import Reply, SamplingParams, prompt_formatter
 from . import shared_prompt
 from .decode import decode, merged_cache, picker
 from .policy import lora_fused
@@ -69,9 +69,11 @@ def _rows(cache: list[BatchKVCache], rows: list[int]) -> list[BatchKVCache]:
 
 
 def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
-             params: SamplingParams, eos_ids: Sequence[int]) -> tuple[list[dict], dict]:
+             params: SamplingParams, eos_ids: Sequence[int], keep_caches: bool = False
+             ) -> tuple[list[dict], dict]:
     """Sample `group_size` completions per prompt. Returns per-sequence dicts (prompt-major order,
-    index p * G + g) with tokens, logprobs, finish_reason, and stats."""
+    index p * G + g) with tokens, logprobs, finish_reason (and with `keep_caches` the row's
+    per-layer KV cache, for a conversation to continue from), and stats."""
     n = len(prompts_P) * group_size
     prompt_of = [i // group_size for i in range(n)]
     pick = picker(params.temperature, params.top_p, params.top_k)
@@ -91,10 +93,36 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
             cache = _rows(prefilled, prompt_of[rows]) if batched \
                 else merged_cache(row_caches[rows])
             parts.append(decode(model, cache, [prompts_P[p][-1] for p in prompt_of[rows]],
-                                params.max_new_tokens, pick, set(eos_ids)))
-    seconds = time.perf_counter() - tic
-    seqs = [{"tokens": t, "logprobs": lp, "finish_reason": f} for d in parts
-            for t, lp, f in zip(d.tokens, d.logprobs, d.finish, strict=True)]
+                                params.max_new_tokens, pick, set(eos_ids), keep_caches))
+    return _seqs(parts, time.perf_counter() - tic)
+
+
+def continue_rows(model: nn.Module, caches: list[list[Any]], sequences: list[list[int]],
+                  params: SamplingParams, eos_ids: Sequence[int]) -> tuple[list[dict], dict]:
+    """The next answer of each conversation: `sequences[i]` is the conversation so far (prompt,
+    answers, and last the new user turn), `caches[i]` (per layer) holds a prefix of it. Only
+    what the cache lacks is prefilled (the new turn, and an answer's last token that was never
+    fed), row by row; then every row decodes together from its last token, keeping its cache
+    for a further turn."""
+    pick = picker(params.temperature, params.top_p, params.top_k)
+    tic = time.perf_counter()
+    with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model), \
+            decode_rope(model):
+        for cache, seq in zip(caches, sequences, strict=True):
+            rest = list(seq[cache[0].offset:-1])
+            if rest:
+                model(mx.array(rest)[None], cache=cache)
+                mx.eval([c.state for c in cache])
+        parts = [decode(model, merged_cache(caches[rows]), [s[-1] for s in sequences[rows]],
+                        params.max_new_tokens, pick, set(eos_ids), keep_caches=True)
+                 for rows in chunks(len(sequences), params.completion_batch_size)]
+    return _seqs(parts, time.perf_counter() - tic)
+
+
+def _seqs(parts: list[Any], seconds: float) -> tuple[list[dict], dict]:
+    """Per-row dicts of decoded parts, and the generation stats."""
+    seqs = [{"tokens": t, "logprobs": lp, "finish_reason": f, "cache": c} for d in parts
+            for t, lp, f, c in zip(d.tokens, d.logprobs, d.finish, d.caches, strict=True)]
     widths = [w for d in parts for w in d.widths]
     ntok = sum(len(s["tokens"]) for s in seqs)
     stats = {
@@ -105,6 +133,85 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
         "gen/decode_width_mean": sum(widths) / len(widths) if widths else 0.0,
     }
     return seqs, stats
+
+
+def sample_conversations(model: nn.Module, tokenizer: Any, tasks: Sequence[Task],
+                         params: SamplingParams, group_size: int,
+                         format: Callable[[Task], list[int]], max_turns: int,
+                         respond: Callable[[int, list[Rollout]], list[Reply]]
+                         ) -> tuple[list[Rollout], dict]:
+    """Rollouts of up to `max_turns` answers each: after each answer but the last,
+    `respond(turn, rollouts)` (the trainer's: the exec reward's feedback) gives every open
+    conversation its next user turn or ends it; all open conversations then answer together,
+    each continuing its own KV cache (only the new turn is prefilled). Returns one Rollout per
+    conversation: every answer and feedback in `tokens`, feedback masked out, `turns` filled."""
+    prompts_P = [format(t) for t in tasks]
+    eos = sorted(getattr(tokenizer, "eos_token_ids", None) or {tokenizer.eos_token_id})
+    seqs, stats = generate(model, prompts_P, group_size, params, eos, keep_caches=True)
+    convs = [_Conversation(tasks[i // group_size], prompts_P[i // group_size]) for i in
+             range(len(seqs))]
+    open_ = list(range(len(seqs)))
+    for turn in range(1, max_turns + 1):
+        for i, s in zip(open_, seqs, strict=True):
+            convs[i].answer(s, tokenizer, eos)
+        if turn == max_turns:
+            break
+        replies = respond(turn, [convs[i].rollout(params.temperature) for i in open_])
+        for i, reply in zip(open_, replies, strict=True):
+            convs[i].reply(reply)
+        open_ = [i for i in open_ if convs[i].pending is not None]
+        if not open_:
+            break
+        seqs, more = continue_rows(model, [convs[i].cache for i in open_],
+                                   [convs[i].sofar for i in open_], params, eos)
+        stats = _merge_stats(stats, more)
+    return [c.rollout(params.temperature) for c in convs], stats
+
+
+class _Conversation:
+    """One conversation as it grows: tokens after the prompt, their log-probs and mask, the
+    turns, the KV cache to continue from and the feedback tokens pending."""
+
+    def __init__(self, task: Task, prompt: list[int]) -> None:
+        self.task, self.prompt = task, prompt
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.mask: list[int] = []
+        self.turns: list[Turn] = []
+        self.finish, self.cache = "length", None
+        self.pending: list[int] | None = None
+
+    @property
+    def sofar(self) -> list[int]:
+        return self.prompt + self.tokens
+
+    def answer(self, seq: dict, tokenizer: Any, eos: Sequence[int]) -> None:
+        self.tokens += seq["tokens"]
+        self.logprobs += seq["logprobs"]
+        self.mask += [1] * len(seq["tokens"])
+        self.finish, self.cache, self.pending = seq["finish_reason"], seq["cache"], None
+        body = [t for t in seq["tokens"] if t not in set(eos)]
+        self.turns.append(Turn(tokenizer.decode(body)))
+
+    def reply(self, reply: Reply) -> None:
+        last = self.turns[-1]
+        self.turns[-1] = Turn(last.text, reply.feedback, reply.passed)
+        if reply.tokens:
+            self.pending = list(reply.tokens)
+            self.tokens += self.pending
+            self.logprobs += [0.0] * len(self.pending)
+            self.mask += [0] * len(self.pending)
+
+    def rollout(self, temperature: float) -> Rollout:
+        return Rollout(self.task, tuple(self.prompt), tuple(self.tokens), tuple(self.logprobs),
+                       self.turns[-1].text, self.finish, temperature, tuple(self.mask),
+                       tuple(self.turns))
+
+
+def _merge_stats(a: dict, b: dict) -> dict:
+    tokens, seconds = a["gen/tokens"] + b["gen/tokens"], a["gen/seconds"] + b["gen/seconds"]
+    return {**a, "gen/tokens": tokens, "gen/seconds": seconds,
+            "gen/tokens_per_sec": tokens / seconds if seconds > 0 else 0.0}
 
 
 def sample(model: nn.Module, tokenizer: Any, tasks: Sequence[Task], params: SamplingParams,

@@ -66,7 +66,7 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
     calls (a fresh one is traced when it is None)."""
     if not rollouts:
         return {"train/tokens": 0.0}, 0
-    lengths = [len(r.tokens) for r in rollouts]
+    lengths = [r.trained_tokens for r in rollouts]
     w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens,
                             batch_sequences(cfg))
     mbs = [build(rollouts, rows, adv, w, ref, shared, critic)

@@ -143,7 +143,7 @@ def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list
     if not rollouts:
         return {"train/tokens": 0.0}, 0
     skipped = 0
-    lengths = [len(r.tokens) for r in rollouts]
+    lengths = [r.trained_tokens for r in rollouts]
     w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens,
                             batch_sequences(cfg))
     mbs = [to_torch(batching.build(rollouts[s], adv[s], w[s], ref[s] if ref is not None else None),

@@ -370,12 +370,13 @@ class ExecReward:
             reader.dead = str(e)
             return result(name, False, "crash", str(e))
         if not ok:
-            return result(name, False, "crash", f"the solution raised {value[0]}: {value[1]}")
+            return result(name, False, "crash", f"the solution raised {value[0]}: {value[1]}",
+                          raised=str(value[0])[:60])
         if same_value(value, test["expected"]):
             return result(name, True, "passed", "")
         return result(name, False, "wrong_answer",
                        f"args {short(args)}: expected {short(test['expected'])}, "
-                       f"got {short(value)}")
+                       f"got {short(value)}", got=short(value))
 
     # programs: stdin -> stdout, one run per test -----------------------------------------------
 

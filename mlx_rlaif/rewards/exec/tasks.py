@@ -183,8 +183,11 @@ def make_reward(results: list[dict], builds: bool, cfg: ExecConfig, details: dic
                   {**details, "passed": passed, "total": n, "tests": results})
 
 
-def result(name: str, passed: bool, reason: str, message: str) -> dict:
-    return {"name": name, "passed": passed, "reason": reason, "message": message}
+def result(name: str, passed: bool, reason: str, message: str, **facts: str) -> dict:
+    """One test's verdict. `facts`: what feedback may show of it (`got`: our rendering of the
+    value a function returned; `raised`: the exception's type name), never free text the
+    student printed."""
+    return {"name": name, "passed": passed, "reason": reason, "message": message, **facts}
 
 
 def judge_output(name: str, r: RunResult, want: str) -> dict:
