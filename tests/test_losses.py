@@ -95,3 +95,61 @@ def test_logprobs_and_entropy_match_float64_numpy(temperature):
                                  temperature)
     np.testing.assert_allclose(np.array(lp), want_lp, atol=2e-5)
     np.testing.assert_allclose(np.array(h), want_h, atol=2e-5)
+
+
+def _rl(**kw):
+    return RLConfig(**{"clip_low": 0.2, "clip_high": 0.28, **kw})
+
+
+def _total(logp, adv, rl, w=(0.5, 0.5)):
+    mb = {"mask": mx.array([[1.0, 1.0]]), "weights": mx.array([w]),
+          "old_logp": mx.zeros((1, 2)), "adv": mx.array([adv])}
+    return objective(logp, mx.zeros((1, 2)), mb, rl, 0.0)
+
+
+def test_gspo_clips_one_ratio_per_sequence_by_hand():
+    """log-ratios ln 2 and 0: s = exp(ln 2 / 2) = 1.4142. A = +1: clipped to 1.28 on both
+    tokens (no gradient); A = -1: unclipped, the loss is s and d s / d logp_t = s / 2."""
+    logp = mx.array([[math.log(2.0), 0.0]])
+    rl = _rl(ratio_level="sequence")
+    loss, aux = _total(logp, 1.0, rl)
+    assert loss.item() == pytest.approx(-1.28) and aux["clipped"].item() == 2
+    assert aux["ratio"].item() == pytest.approx(2 * math.sqrt(2.0))  # s on each of 2 tokens
+    assert np.abs(np.array(mx.grad(lambda lp: _total(lp, 1.0, rl)[0])(logp))).max() == 0.0
+    loss, aux = _total(logp, -1.0, rl)
+    assert loss.item() == pytest.approx(math.sqrt(2.0)) and aux["clipped"].item() == 0
+    # loss = sum_t w_t s = s; ds/dlogp_t = s / 2 (the mean over 2 tokens)
+    g = np.array(mx.grad(lambda lp: _total(lp, -1.0, rl)[0])(logp))
+    np.testing.assert_allclose(g, [[math.sqrt(2.0) / 2] * 2], rtol=1e-6)
+
+
+def test_cispo_keeps_the_gradient_ppo_clips_away_by_hand():
+    """Ratios 2 and 0.5 with A = +1: PPO's clip zeroes token 1's gradient (2 > 1.28); CISPO
+    weighs each token's -A logp_t by the clipped ratio, detached: gradients -1.28 w and
+    -0.8 w."""
+    logp = mx.array([[math.log(2.0), math.log(0.5)]])
+    g_ppo = np.array(mx.grad(lambda lp: _total(lp, 1.0, _rl())[0])(logp))
+    assert g_ppo[0, 0] == 0.0 and g_ppo[0, 1] == pytest.approx(-0.5 * 0.5)  # -A r_t w_t
+    cispo = _rl(loss="cispo")
+    loss, aux = _total(logp, 1.0, cispo)
+    # loss = -(1.28 ln 2 + 0.8 ln 0.5) * 0.5
+    assert loss.item() == pytest.approx(-(1.28 * math.log(2) + 0.8 * math.log(0.5)) / 2)
+    assert aux["clipped"].item() == 2  # both ratios were outside [0.8, 1.28]
+    g = np.array(mx.grad(lambda lp: _total(lp, 1.0, cispo)[0])(logp))
+    np.testing.assert_allclose(g, [[-1.28 * 0.5, -0.8 * 0.5]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [{"ratio_level": "sequence"}, {"loss": "cispo"},
+                                {"loss": "cispo", "ratio_level": "sequence"}])
+def test_the_variants_give_torch_and_mlx_the_same_loss(kw):
+    torch = pytest.importorskip("torch")
+    rl = _rl(**kw)
+    lp = np.array([[math.log(2.0), 0.1, -0.3], [0.2, -0.1, 0.0]], dtype=np.float32)
+    mb = {"mask": np.array([[1, 1, 1], [1, 1, 0]], np.float32),
+          "weights": np.full((2, 3), 0.2, np.float32), "old_logp": np.zeros((2, 3), np.float32),
+          "adv": np.array([1.0, -0.5], np.float32)}
+    m, _ = objective(mx.array(lp), mx.zeros((2, 3)), {k: mx.array(v) for k, v in mb.items()},
+                     rl, 0.0)
+    t, _ = objective(torch.from_numpy(lp), torch.zeros(2, 3),
+                     {k: torch.from_numpy(v) for k, v in mb.items()}, rl, 0.0, xp=torch)
+    assert m.item() == pytest.approx(t.item(), rel=1e-6)

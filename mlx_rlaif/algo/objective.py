@@ -19,7 +19,11 @@ backend), so both backends optimise the same formulas. The log-probs come from t
 A is one number per sequence (group baselines) or, with a critic (`rl.advantage: gae`), one per
 token (gae.py, which also holds the clipped value loss).
 
-Not covered: sequence-level importance ratios (GSPO).
+Variants of the policy term (`policy_term`): GSPO's sequence-level ratio (`rl.ratio_level:
+sequence`), and CISPO (`rl.loss: cispo`), a REINFORCE term weighted by the clipped, detached
+ratio, which keeps every token's gradient where PPO's clip zeroes it.
+
+Not covered: per-token clipping schedules, asymmetric sequence clipping beyond clip_low/high.
 """
 
 from __future__ import annotations
@@ -45,13 +49,42 @@ def kl_estimate(logp: Any, ref_logp: Any, kind: str, xp: Any = mx) -> Any:
 def clipped_surrogate(logp: Any, old_logp: Any, adv: Any, clip_low: float, clip_high: float,
                       xp: Any = mx) -> tuple[Any, Any, Any]:
     """Per-token PPO loss, the ratio, and where clipping was active. adv: [N] (broadcast) or
-    [N, T] (per token, a critic's).
-    `xp`: the array library (mlx.core; torch for the torch backend)."""
-    ratio = xp.exp(logp - old_logp)
+    [N, T] (per token, a critic's). `xp`: the array library (mlx.core; torch for the torch
+    backend)."""
     a = adv[:, None] if adv.ndim == 1 else adv  # per sequence [N], or per token [N, T]
-    unclipped = -a * ratio
-    clipped = -a * xp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    return xp.maximum(unclipped, clipped), ratio, (clipped > unclipped)
+    return ppo_clip(xp.exp(logp - old_logp), a, clip_low, clip_high, xp)
+
+
+def ppo_clip(ratio: Any, a: Any, low: float, high: float, xp: Any) -> tuple[Any, Any, Any]:
+    """(max(-A r, -A clip(r, 1 - low, 1 + high)), r, where the clip was active)."""
+    unclipped, clipped = -a * ratio, -a * xp.clip(ratio, 1.0 - low, 1.0 + high)
+    return xp.maximum(unclipped, clipped), ratio, clipped > unclipped
+
+
+def sequence_ratio(logp: Any, old_logp: Any, mask: Any, xp: Any = mx) -> Any:
+    """GSPO's importance ratio of each sequence, exp(mean over its tokens of logp - old_logp),
+    as [N, 1] (broadcast over the tokens)."""
+    n = mask.sum(-1)[:, None] + 1e-9  # a sequence without tokens: ratio exp(0)
+    return xp.exp(((logp - old_logp) * mask).sum(-1)[:, None] / n)
+
+
+def policy_term(logp: Any, old_logp: Any, adv: Any, mask: Any, rl: Any, xp: Any = mx
+                ) -> tuple[Any, Any, Any]:
+    """Per-token policy loss, the ratio it used and where its clip was active, by `rl.loss` and
+    `rl.ratio_level`:
+        ppo, token:     max(-A r_t, -A clip(r_t))             r_t = exp(logp_t - old_t)
+        ppo, sequence:  max(-A s, -A clip(s)) on every token   s = exp(mean_t(logp_t - old_t))
+                        (GSPO: one ratio, clipped, per sequence)
+        cispo:          -sg(clip(r)) A logp_t                  (the clipped ratio a detached
+                        weight; r per token, or s per sequence; MiniMax-M1's CISPO)"""
+    a = adv[:, None] if adv.ndim == 1 else adv
+    ratio = (sequence_ratio(logp, old_logp, mask, xp) if rl.ratio_level == "sequence"
+             else xp.exp(logp - old_logp)) * xp.ones_like(logp)  # [N, T] either way
+    if rl.loss != "cispo":
+        return ppo_clip(ratio, a, rl.clip_low, rl.clip_high, xp)
+    bounded = xp.clip(ratio, 1.0 - rl.clip_low, 1.0 + rl.clip_high)
+    weight = bounded.detach() if hasattr(bounded, "detach") else xp.stop_gradient(bounded)
+    return -weight * a * logp, ratio, bounded != ratio
 
 
 def objective(logp: Any, entropy: Any, mb: dict[str, Any], rl: Any, kl_penalty: Any,
@@ -60,7 +93,7 @@ def objective(logp: Any, entropy: Any, mb: dict[str, Any], rl: Any, kl_penalty: 
     [N, T] of its targets, and with a critic its values [N, T] (`mb` then holds `returns` and
     `old_values`). `xp`: the array library (mlx.core; torch for the torch backend)."""
     mask, w, old = mb["mask"], mb["weights"], mb["old_logp"]
-    pg, ratio, clipped = clipped_surrogate(logp, old, mb["adv"], rl.clip_low, rl.clip_high, xp)
+    pg, ratio, clipped = policy_term(logp, old, mb["adv"], mask, rl, xp)
     per_token = pg - rl.entropy_coef * entropy
     aux = {"tokens": mask.sum(), "pg": (pg * w).sum(), "entropy": (entropy * mask).sum(),
            "clipped": (clipped * mask).sum(), "ratio": (ratio * mask).sum(),

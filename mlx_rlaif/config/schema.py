@@ -133,6 +133,12 @@ class RLConfig:
                             "was changed.")
     kl_target: float = opt(0.05, "Target KL per token for the adaptive controller.", _pos)
     kl_horizon: int = opt(1000, "Horizon (in sequences) of the adaptive controller.", _pos)
+    loss: Literal["ppo", "cispo"] = opt(
+        "ppo", "Policy term: ppo (clipped surrogate) or cispo (REINFORCE weighted by the clipped "
+        "ratio, detached: MiniMax-M1's CISPO; no token's gradient is zeroed).")
+    ratio_level: Literal["token", "sequence"] = opt(
+        "token", "Importance ratio per token, or per sequence: exp of the mean token log-ratio, "
+        "clipped per sequence (GSPO).")
     clip_low: float = opt(0.2, "PPO clip: ratio lower bound is 1 - clip_low.", _unit)
     clip_high: float = opt(0.28, "PPO clip: ratio upper bound is 1 + clip_high (DAPO clip-higher).",
                            _nonneg)
