@@ -77,6 +77,16 @@ class DataConfig:
     difficulties: tuple[str, ...] = opt((), "Keep only tasks with these `difficulty` tags (e.g. "
                                         "[easy, medium]); empty: all.")
     max_tasks: int = opt(0, "Use at most this many training tasks (0: all).", _nonneg)
+    curriculum: bool = opt(False, "Draw prompts from buckets of tasks (curriculum_by) with "
+                           "probability p (1 - p) + curriculum_floor, p a bucket's recent pass "
+                           "rate: most from the buckets neither always failed nor always solved. "
+                           "Off: each epoch visits every task once, shuffled.")
+    curriculum_by: tuple[str, ...] = opt(("difficulty", "family"), "Task fields that make a "
+                                         "bucket: difficulty, and/or fields of the task record "
+                                         "(family).")
+    curriculum_floor: float = opt(0.05, "Weight every bucket keeps, so none starves.", _nonneg)
+    curriculum_rate: float = opt(0.3, "EMA rate of a bucket's pass rate per step it is seen.",
+                                 _unit)
 
 
 @dataclass(frozen=True)
@@ -154,6 +164,18 @@ class RLConfig:
     early_pass_bonus: float = opt(0.0, "max_turns > 1: added to the reward of a conversation "
                                   "whose last answer passes, times the share of turns it did not "
                                   "need.", _nonneg)
+    dynamic_sampling: bool = opt(False, "Train each step on batch_size groups whose rewards "
+                                 "vary: sample oversample times the shortfall of prompts, keep "
+                                 "the groups with signal, sample again while too few (at most "
+                                 "max_extra_rounds more rounds), carry the rest to the next step "
+                                 "(DAPO's dynamic sampling).")
+    oversample: float = opt(1.5, "dynamic_sampling: prompts drawn per group still needed.",
+                            lambda v: v >= 1, "use 1 or more")
+    max_extra_rounds: int = opt(2, "dynamic_sampling: sampling rounds after the first, at "
+                                "most, when too few groups have signal.", _nonneg)
+    carry_max_age: int = opt(1, "dynamic_sampling: a carried group is used only while at most "
+                             "this many updates old (its recorded log-probs make the clipped "
+                             "ratio); older ones are dropped (0: never carry).", _nonneg)
     gamma: float = opt(1.0, "gae: discount per token.", _unit)
     lam: float = opt(0.95, "gae: lambda of generalized advantage estimation (1: returns minus "
                      "values, 0: one-step TD errors).", _unit)

@@ -18,8 +18,9 @@ import numpy as np
 from ..artifacts import checkpoint
 from ..config import prompts_per_step
 from ..data import TaskOrder
+from ..data.curriculum import Stream
 from ..errors import TeacherError
-from ..records import Task
+from ..records import Reward, Rollout, Task
 from .run import Run, maybe_save, save, saved_at
 from .step import rl_step, sample_records, score, step_seed
 
@@ -36,17 +37,19 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
                          f"baseline evaluation ({cfg.logging.baseline_eval_batches} batches)"
                          if cfg.logging.baseline_eval_batches else "first step's reward")
     interrupted = install_sigint()
+    stream = Stream(tasks, order, run.state.epoch, run.state.cursor, run.curriculum)
+    keys = cfg.data.curriculum_by
+    observe = (lambda rs, ws: run.curriculum.observe(pass_values(rs, ws), keys)) \
+        if run.curriculum is not None else (lambda rs, ws: None)
     while run.state.step < steps:
         s = run.state
-        idx = order.batch(s.epoch, s.cursor, P)
         try:
-            metrics, samples = rl_step(run, [tasks[i] for i in idx])
+            metrics, samples = rl_step(run, stream.take, observe)
         except TeacherError as e:
             run.stop = str(e)
             break
-        cursor = s.cursor + len(idx)
-        epoch_end = cursor >= len(tasks)
-        run.state = replace(run.state, epoch=s.epoch + epoch_end, cursor=0 if epoch_end else cursor)
+        epoch_end = stream.epoch > s.epoch
+        run.state = replace(run.state, epoch=stream.epoch, cursor=stream.cursor)
         run.state = track_reward(run.state, metrics.get("reward/mean"))
         metrics.update({"epoch": float(s.epoch + 1), "batch": float(s.cursor // P + 1)})
         hub.log_step(run.state.step, metrics)
@@ -64,6 +67,15 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
                                                   final=True))
     elif steps and not saved_at(run, run.state.step):
         save(run, hub, checkpoint.checkpoint_name(0, None, run.state.step, final=True))
+
+
+def pass_values(rollouts: list[Rollout], rewards: list[Reward]) -> list[tuple[Task, float]]:
+    """(task, 1 if the completion passed every test else 0) per completion; the reward itself
+    for tasks without tests (a teacher's score)."""
+    from .evaluate import passed
+
+    return [(r.task, float(passed(w)) if "tests" in w.details or "tests" in w.parts
+             else float(w.value or 0.0)) for r, w in zip(rollouts, rewards, strict=True)]
 
 
 def baseline(run: Run, tasks: list[Task], order: TaskOrder, hub: Any) -> float:

@@ -12,7 +12,7 @@ Not covered: the loop itself (loop.py), the step (step.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from ..backends.sampling import SamplingParams
 from ..config import Config, dump
 from ..records import Task
 from ..rewards.base import RewardFn
+from .carry import carry_state
 from .multiturn import responder
 
 
@@ -38,6 +39,8 @@ class Run:
     state: checkpoint.LoopState
     format: Callable[[Task], list[int]]
     stop: str | None = None
+    carry: list = field(default_factory=list)  # dynamic sampling's groups for the next step
+    curriculum: Any = None  # data.curriculum.Curriculum, with data.curriculum
 
     @property
     def sampling(self) -> SamplingParams:
@@ -54,6 +57,10 @@ class Run:
                             self.cfg.model.chat_template)
         return self.ops.converse(self.policy, tasks, self.sampling, gen.num_samples_per_prompt,
                                  self.format, seed, gen.max_turns, respond)
+
+
+CARRY = "carry.json"  # dynamic sampling's carried groups
+CURRICULUM = "curriculum.json"  # the curriculum's bucket statistics
 
 
 def due_checkpoint(t: Any, step: int, epoch: int, batch: int, epoch_end: bool) -> str | None:
@@ -84,9 +91,12 @@ def save(run: Run, hub: Any, name: str) -> Path:
     summary = {"epoch": s.epoch, "global_step": s.step, "cursor": s.cursor,
                "baseline_reward": s.baseline_reward, "best_reward": s.best_reward,
                "reward_gain_from_baseline": stats.get("reward_gain_from_baseline")}
-    path = run.ops.save(run.policy, run.optimizer, run.run_dir, name, s,
-                        {"checkpoint_summary.json": summary, "training_stats.json": stats},
-                        dump(run.cfg))
+    extra = {"checkpoint_summary.json": summary, "training_stats.json": stats}
+    if run.carry:
+        extra[CARRY] = carry_state(run.carry)
+    if run.curriculum is not None:
+        extra[CURRICULUM] = run.curriculum.state()
+    path = run.ops.save(run.policy, run.optimizer, run.run_dir, name, s, extra, dump(run.cfg))
     bits = run.cfg.training.save_mlx_model_bits
     if bits:
         from ..artifacts.fuse import write_mlx_model

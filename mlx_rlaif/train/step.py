@@ -12,25 +12,30 @@ Not covered: the loop around it (loop.py), off-policy (asynchronous) rollouts.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..algo import advantages
 from ..algo.gae import gae, token_rewards, whiten
-from ..config import Config
+from ..config import Config, prompts_per_step
 from ..records import Reward, Rollout, Task
+from .dynamic import collect
 from .multiturn import hidden_tasks, shape, turn_metrics
 from .run import Run
 
 
-def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
+def rl_step(run: Run, draw: Callable[..., list[Task]],
+            observe: Callable[[list[Rollout], list[Reward]], None] = lambda rs, ws: None
+            ) -> tuple[dict[str, float], list[dict]]:
+    """One step on the tasks `draw(n, across_epochs=False)` gives; `observe(rollouts, rewards)`
+    sees every scored completion (a curriculum's pass rates)."""
     cfg, ops, kl_penalty = run.cfg, run.ops, run.state.kl_penalty
     t0 = time.perf_counter()
-    rollouts, gen = sample_chunks(run, tasks)
-    t1 = time.perf_counter()
-    rewards = score(run, rollouts)
+    rollouts, rewards, gen, extra = gather(run, draw, observe)
     t2 = time.perf_counter()
+    t1 = t0 + gen.get("gen/seconds", 0.0)
     scores = [rw.value for rw in rewards]
     targets = (critic_targets if cfg.rl.advantage == "gae" else group_targets)(
         run, rollouts, scores, kl_penalty)
@@ -48,7 +53,7 @@ def rl_step(run: Run, tasks: list[Task]) -> tuple[dict[str, float], list[dict]]:
                **step_metrics(rollouts, rewards, targets.summary, targets.keep),
                "kl/penalty": kl_penalty, "optim/skipped": float(run.state.skipped),
                "time/generate": t1 - t0, "time/score": t2 - t1, "time/train": t3 - t2,
-               "time/step": t3 - t0, **run.reward_fn.metrics()}
+               "time/step": t3 - t0, **run.reward_fn.metrics(), **extra}
     if cfg.generation.max_turns > 1:
         metrics.update(turn_metrics(rollouts, rewards))
     return metrics, sample_records(run.state.step, rollouts, rewards, targets.summary.values)
@@ -139,10 +144,32 @@ def critic_targets(run: Run, rollouts: list[Rollout], scores: list[float | None]
                                          valid, None))
 
 
-def sample_chunks(run: Run, tasks: list[Task]) -> tuple[list[Rollout], dict[str, float]]:
+def gather(run: Run, draw: Callable[..., list[Task]],
+           observe: Callable[[list[Rollout], list[Reward]], None]
+           ) -> tuple[list[Rollout], list[Reward], dict[str, float], dict[str, float]]:
+    """The step's scored rollouts: of the next batch of prompts, or with dynamic sampling the
+    groups with signal it collects (dynamic.py). Returns (rollouts, rewards, generation stats,
+    dynamic-sampling metrics)."""
+    need = prompts_per_step(run.cfg)
+    if not run.cfg.rl.dynamic_sampling:
+        rollouts, gen = sample_chunks(run, draw(need))
+        rewards = score(run, rollouts)
+        observe(rollouts, rewards)
+        return rollouts, rewards, gen, {}
+    groups, gen, extra = collect(run, need, lambda n: draw(n, True),
+                                 lambda tasks, first: sample_chunks(run, tasks, first),
+                                 lambda rs: score(run, rs), observe)
+    return ([r for g in groups for r in g.rollouts], [w for g in groups for w in g.rewards],
+            gen, extra)
+
+
+def sample_chunks(run: Run, tasks: list[Task], seeded: bool = True
+                  ) -> tuple[list[Rollout], dict[str, float]]:
     """The step's rollouts, sampled `training.batch_size` prompts at a time (more than one
-    chunk with gradient accumulation), the sampling stream seeded once per step."""
-    P, seed = run.cfg.training.batch_size, step_seed(run.cfg.training.seed, run.state.step)
+    chunk with gradient accumulation), the sampling stream seeded once per step (`seeded`:
+    here; else it continues)."""
+    P = run.cfg.training.batch_size
+    seed = step_seed(run.cfg.training.seed, run.state.step) if seeded else None
     rollouts, stats = [], {}
     for i in range(0, len(tasks), P):
         part, s = run.sample(tasks[i: i + P], seed if i == 0 else None)
@@ -173,10 +200,10 @@ def step_metrics(rollouts: list[Rollout], rewards: list[Reward], adv: advantages
         "reward/min": float(vals.min()) if len(vals) else float("nan"),
         "reward/max": float(vals.max()) if len(vals) else float("nan"),
         "reward/frac_zero_std": adv.frac_zero_std,
-        "reward/frac_none": float(1 - adv.valid.mean()),
-        "gen/completion_len_mean": float(lens.mean()),
-        "gen/truncated_frac": float(np.mean([r.truncated for r in rollouts])),
-        "gen/diversity": len({r.text for r in rollouts}) / len(rollouts),
+        "reward/frac_none": float(1 - adv.valid.mean()) if len(adv.valid) else 0.0,
+        "gen/completion_len_mean": float(lens.mean()) if len(lens) else 0.0,
+        "gen/truncated_frac": float(np.mean([r.truncated for r in rollouts] or [0.0])),
+        "gen/diversity": len({r.text for r in rollouts}) / max(len(rollouts), 1),
         "train/sequences": float(len(keep)),
     }
     for name in {k for r in rewards for k in r.parts}:

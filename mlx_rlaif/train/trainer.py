@@ -24,12 +24,14 @@ from ..backends.ops import OPS
 from ..backends.sampling import prompt_formatter
 from ..config import Config, dump, prompts_per_step, to_dict
 from ..data import TaskOrder, load_tasks
+from ..data.curriculum import Curriculum
 from ..errors import ConfigError
 from ..records import Task
 from ..rewards.build import build_reward
+from .carry import restore_carry
 from .evaluate import evaluate_tasks
 from .loop import loop
-from .run import Run
+from .run import CARRY, CURRICULUM, Run
 from .step import sample_records
 
 EVAL_FILE = "eval.json"  # held-out evaluations of the run: {"before": {...}, "after": {...}}
@@ -119,6 +121,12 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         (run_dir / "config.yaml").write_text(dump(cfg))
         run = Run(cfg, ops, policy, optimizer, reward_fn, run_dir, state,
                   prompt_formatter(policy.tokenizer, cfg.model))
+        d = cfg.data
+        if d.curriculum:
+            run.curriculum = Curriculum.of(tasks, d.curriculum_by, cfg.training.seed,
+                                           d.curriculum_floor, d.curriculum_rate)
+        if resume_from is not None:
+            restore_sampling(run, resume_from, tasks)
         if eval_tasks and "before" not in read_evals(run_dir):
             held_out_eval(run, eval_tasks, hub, "before")
         loop(run, tasks, steps, hub)
@@ -128,6 +136,16 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         reward_fn.close()
         hub.close()
     return run_dir
+
+
+def restore_sampling(run: Run, ckpt: Path, tasks: list[Task]) -> None:
+    """A checkpoint's carried groups (dynamic sampling) and curriculum state, where present."""
+    carry = Path(ckpt) / CARRY
+    if carry.is_file():
+        run.carry = restore_carry(json.loads(carry.read_text()), {t.id: t for t in tasks})
+    state = Path(ckpt) / CURRICULUM
+    if run.curriculum is not None and state.is_file():
+        run.curriculum.restore(json.loads(state.read_text()))
 
 
 def held_out_eval(run: Run, tasks: list[Task], hub: Any, when: str) -> dict[str, float]:

@@ -1,0 +1,75 @@
+"""Dynamic sampling (DAPO's; the rollout infrastructure's over-sampling with filters and
+leftovers): a step needs P groups whose rewards vary, since a group whose completions all score
+the same carries no signal. With `rl.dynamic_sampling` a step samples more prompts than it
+needs (`rl.oversample` times the shortfall), keeps the groups with signal, samples again (at
+most `rl.max_extra_rounds` more rounds) while it has fewer than P, trains on P of them and
+carries the rest, finished and scored, to the next step. A carried group is marked with the
+policy version (step) it was sampled from and is used only while at most `rl.carry_max_age`
+updates old, so its recorded log-probs still make a valid clipped importance ratio; older ones
+are dropped and counted.
+
+Works with any reward (exec, teacher, mix): a group's signal is read from its scores.
+
+Not covered: asynchronous sampling (the rounds run inside the step), sample reuse across more
+than `carry_max_age` updates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..records import Reward, Rollout, Task
+from .carry import Group
+from .run import Run
+
+
+def groups_of(rollouts: list[Rollout], rewards: list[Reward], version: int) -> list[Group]:
+    """Consecutive completions of the same task as groups (rollouts are prompt-major)."""
+    out: dict[str, tuple[list[Rollout], list[Reward]]] = {}
+    for r, rw in zip(rollouts, rewards, strict=True):
+        rs, ws = out.setdefault(r.task.id, ([], []))
+        rs.append(r)
+        ws.append(rw)
+    return [Group(rs, ws, version) for rs, ws in out.values()]
+
+
+def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
+            sample: Callable[[list[Task], bool], tuple[list[Rollout], dict]],
+            score: Callable[[list[Rollout]], list[Reward]],
+            observe: Callable[[list[Rollout], list[Reward]], None]
+            ) -> tuple[list[Group], dict[str, float], dict[str, float]]:
+    """`need` groups with signal for this step: carried ones first, then rounds of
+    `sample(tasks, first_round)`; the rest carried in `run.carry`. Returns (groups, generation
+    stats, dynamic-sampling metrics)."""
+    rl, version = run.cfg.rl, run.state.step
+    fresh = [g for g in run.carry if version - g.version <= rl.carry_max_age]
+    pool, stale = [g for g in fresh if g.has_signal], len(run.carry) - len(fresh)
+    gen: dict[str, float] = {}
+    rounds = generated = zero = 0
+    while len(pool) < need and rounds <= rl.max_extra_rounds:
+        tasks = draw(math.ceil((need - len(pool)) * rl.oversample))
+        if not tasks:
+            break
+        rollouts, stats = sample(tasks, rounds == 0)
+        rewards = score(rollouts)
+        observe(rollouts, rewards)
+        gen = stats if not gen else _add(gen, stats)
+        fresh_groups = groups_of(rollouts, rewards, version)
+        pool += [g for g in fresh_groups if g.has_signal]
+        zero += sum(not g.has_signal for g in fresh_groups)
+        rounds, generated = rounds + 1, generated + len(rollouts)
+    used, run.carry = pool[:need], pool[need:]
+    metrics = {"sample/rounds": float(rounds), "sample/generations": float(generated),
+               "sample/groups_kept": float(len(used)), "sample/groups_zero_std": float(zero),
+               "sample/carried_used": float(sum(g.version < version for g in used)),
+               "sample/carried_dropped": float(stale),
+               "sample/generations_per_kept_group": generated / max(len(used), 1)}
+    return used, gen, metrics
+
+
+def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    tokens, seconds = a["gen/tokens"] + b["gen/tokens"], a["gen/seconds"] + b["gen/seconds"]
+    return {**a, "gen/tokens": tokens, "gen/seconds": seconds,
+            "gen/tokens_per_sec": tokens / seconds if seconds > 0 else 0.0,
+            "gen/decode_width": max(a["gen/decode_width"], b["gen/decode_width"])}
