@@ -3,6 +3,7 @@ curriculum (buckets drawn by recent pass rate): by hand, and end to end with an 
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -15,9 +16,10 @@ from mlx_rlaif.config import load
 from mlx_rlaif.data.curriculum import Curriculum, Stream, bucket_of, bucket_weights
 from mlx_rlaif.data.tasks import TaskOrder
 from mlx_rlaif.records import Reward, Rollout, Task
-from mlx_rlaif.train import train
+from mlx_rlaif.train import step, train
 from mlx_rlaif.train.carry import Group, carry_state, restore_carry
 from mlx_rlaif.train.dynamic import collect
+from mlx_rlaif.train.run import Run
 
 
 def _task(i: int, difficulty: str = "easy", family: str = "f") -> Task:
@@ -70,13 +72,9 @@ def test_collect_keeps_groups_with_signal_and_carries_the_rest():
 
     def sample(tasks, first):
         out = [_scored(t, flat[t.id]) for t in tasks]
-        return [r for rs, _ in out for r in rs], {"gen/tokens": 4.0, "gen/seconds": 1.0,
-                                                  "gen/tokens_per_sec": 4.0,
-                                                  "gen/decode_width": 4.0}
-
-    def score(rollouts):
-        return [Reward(v) for t in dict.fromkeys(r.task.id for r in rollouts)
-                for v in flat[t]]
+        return ([r for rs, _ in out for r in rs], [w for _, ws in out for w in ws],
+                {"gen/tokens": 4.0, "gen/seconds": 1.0, "gen/tokens_per_sec": 4.0,
+                 "gen/decode_width": 4.0})
 
     def draw(n):
         taken, pending[:] = pending[:n], pending[n:]
@@ -86,7 +84,7 @@ def test_collect_keeps_groups_with_signal_and_carries_the_rest():
     run = SimpleNamespace(cfg=load(None, ["rl.dynamic_sampling=true"]),
                           state=SimpleNamespace(step=5), carry=[stale])
     seen = []
-    used, gen, m = collect(run, 2, draw, sample, score, lambda rs, ws: seen.extend(rs))
+    used, gen, m = collect(run, 2, draw, sample, lambda rs, ws: seen.extend(rs))
     assert [g.rollouts[0].task.id for g in used] == ["t1", "t3"]
     assert [g.rollouts[0].task.id for g in run.carry] == ["t4"] and run.carry[0].version == 5
     assert m["sample/rounds"] == 2 and m["sample/carried_dropped"] == 1
@@ -123,3 +121,48 @@ def test_dynamic_sampling_and_curriculum_train_and_resume_exactly(tmp_path):
     b = mx.load(str(checkpoint.latest_checkpoint(resumed) / checkpoint.ADAPTERS))
     for k in a:
         np.testing.assert_allclose(np.array(b[k]), np.array(a[k]), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_scoring_while_decoding_gives_the_rewards_scoring_after_gives(tmp_path, monkeypatch):
+    """Shipped tiny model, exec reward, two chunks of decoding per step: with
+    generation.score_while_decoding the first chunk's groups are scored while the second chunk
+    decodes, and the samples, rewards and adapters equal those of scoring after."""
+    calls: list[tuple[str, float]] = []  # (phase, time): "score" starts, "sampled" ends
+    real_score, real_sample = step.score, Run.sample
+
+    def score(run, rollouts):
+        calls.append(("score", time.perf_counter()))
+        return real_score(run, rollouts)
+
+    def sample(self, *args, **kwargs):
+        out = real_sample(self, *args, **kwargs)
+        calls.append(("sampled", time.perf_counter()))
+        return out
+
+    monkeypatch.setattr(step, "score", score)
+    monkeypatch.setattr(Run, "sample", sample)
+
+    def run(out, overlap):
+        calls.clear()
+        cfg = load(None, [f"training.output_dir={out}", "training.max_steps=2",
+                          "data.languages=[python]", "data.difficulties=[easy]",
+                          "training.batch_size=2", "generation.num_samples_per_prompt=4",
+                          "generation.completion_batch_size=4", "generation.max_new_tokens=48",
+                          f"generation.score_while_decoding={str(overlap).lower()}",
+                          "logging.tensorboard=false", "data.eval_file="])
+        hub = RecordingHub()
+        d = train(cfg, hub=hub)
+        return d, [(s["completion"], s["reward"]) for s in hub.samples], list(calls)
+
+    a, after, order_a = run(tmp_path / "after", False)
+    b, overlapped, order_b = run(tmp_path / "overlap", True)
+    assert overlapped == after and len(after) == 16
+    assert [p for p, _ in order_a] == ["sampled", "score"] * 2  # one call after each batch
+    first_sampled = next(t for p, t in order_b if p == "sampled")
+    assert sum(p == "score" for p, _ in order_b) == 4  # one call per group
+    assert sum(p == "score" and t < first_sampled for p, t in order_b) >= 1
+    wa = mx.load(str(checkpoint.latest_checkpoint(a) / checkpoint.ADAPTERS))
+    wb = mx.load(str(checkpoint.latest_checkpoint(b) / checkpoint.ADAPTERS))
+    for k in wa:
+        np.testing.assert_array_equal(np.array(wb[k]), np.array(wa[k]))

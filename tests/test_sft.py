@@ -172,3 +172,12 @@ def test_sft_then_train_init_adapter_continues_from_it(micro_model, tmp_path, ru
             size = float(mx.abs(before[k]).max())
             assert size > 1e-3  # SFT moved lora_b away from its zero init
             assert float(mx.abs(after[k] - before[k]).max()) < 0.2 * size, k
+
+
+def test_a_time_budget_ends_sft_after_the_step_that_passes_it(micro_model, tmp_path, run_cli):
+    data = write_jsonl(tmp_path / "train.jsonl",
+                       [{"prompt": p, "completion": "x = 1\n"} for p in PROMPTS])
+    cfg = sft_config(tmp_path, micro_model, data, "max_minutes: 0.00001")
+    assert run_cli("sft", "--config", cfg) == 0
+    ckpt = checkpoint.latest_checkpoint(tmp_path / "sft_run")
+    assert ckpt.name == "checkpoint-final-gs1" and checkpoint.load_state(ckpt).step == 1

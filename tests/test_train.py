@@ -272,3 +272,16 @@ def test_skipped_updates_and_the_schedule_horizon_survive_a_checkpoint(tmp_path)
     ckpt = checkpoint.write_checkpoint(tmp_path, "checkpoint-e1-b3-gs3", lambda d: None, {},
                                        state)
     assert checkpoint.load_state(ckpt) == state
+
+
+def test_a_time_budget_ends_training_like_its_last_step(micro_model, prompts_file, tmp_path):
+    """training.max_minutes: the loop stops after the step that passes it, saves the final
+    checkpoint and runs the held-out evaluation as at the end."""
+    hub = RecordingHub()
+    run_dir = train(_cfg(micro_model, prompts_file, tmp_path / "run", "training.max_steps=50",
+                         "training.max_minutes=0.00001", f"data.eval_file={prompts_file}",
+                         "data.eval_samples=1"), hub=hub)
+    assert [s for s, _ in hub.steps] == [1]
+    assert checkpoint.latest_checkpoint(run_dir).name == "checkpoint-final-gs1"
+    assert any("time budget of 1e-05 min reached after 1 steps" in m for m in hub.messages)
+    assert "after" in json.loads((run_dir / "eval.json").read_text())

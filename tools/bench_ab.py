@@ -1,11 +1,17 @@
-"""A/B of the RL step between two checkouts of mlx-rlaif (a refactor must not slow it down).
+"""A/B of the RL step between two checkouts of mlx-rlaif (a refactor must not slow it down), or
+between two settings of one checkout.
 
     python tools/bench_ab.py --a /path/to/old/checkout --b . [--pairs 6] [--steps 8]
+    python tools/bench_ab.py --a . --b . --workload exec \
+        --set-a generation.score_while_decoding=false    # scoring after vs while decoding
 
 Each side runs in its own process with its checkout first on the path (PYTHONPATH), through the
 public entry point both versions share (`mlx_rlaif.train.train(cfg, hub=...)`), on the same
 random-weight model (the benchmark's tiny shape, built once), the same config (P x G = 2 x 4,
-64 new tokens, syntax reward, KL on) and the system OpenBLAS preloaded as the CLI does. A
+64 new tokens, syntax reward, KL on) and the system OpenBLAS preloaded as the CLI does. The
+`exec` workload is the shipped tiny-coder on the synthetic suite's Python tasks with the exec
+reward in its sandbox (P x G = 8 x 4, 96 new tokens): scoring costs as much as it does in use.
+`--set-a` / `--set-b` add config overrides to one side. A
 process reports the median `time/step` of its steps after two warm-up steps (compiles, caches).
 The sides alternate in pairs (a, b, then b, a), so drifting background load favours neither;
 the figure is the median over pairs of b / a. Single runs here differ by 20%: only the paired
@@ -46,14 +52,20 @@ class Hub:
     def stats(self): return {}
     def close(self): return ""
 
-model, steps, tasks = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+model, steps, tasks, workload = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+extra = json.loads(sys.argv[5])
 out = tempfile.mkdtemp(prefix="ab-run-")
-cfg = load(None, [f"model.path={model}", f"data.train_file={tasks}", f"training.output_dir={out}",
-                  "training.batch_size=2", "generation.num_samples_per_prompt=4",
-                  "generation.max_new_tokens=64", "reward.type=syntax", "rl.kl_penalty=0.02",
-                  "rl.drop_zero_std=false", f"training.max_steps={steps}", "training.num_epochs=100",
-                  "logging.tensorboard=false", "training.learning_rate=1e-5",
-                  "training.save_every_epochs=0"])
+common = [f"training.output_dir={out}", "rl.kl_penalty=0.02", "rl.drop_zero_std=false",
+          f"training.max_steps={steps}", "training.num_epochs=100", "logging.tensorboard=false",
+          "training.learning_rate=1e-5", "training.save_every_epochs=0"]
+if workload == "exec":
+    sets = ["data.languages=[python]", "data.eval_file=", "training.batch_size=8",
+            "generation.num_samples_per_prompt=4", "generation.max_new_tokens=96"]
+else:
+    sets = [f"model.path={model}", f"data.train_file={tasks}", "training.batch_size=2",
+            "generation.num_samples_per_prompt=4", "generation.max_new_tokens=64",
+            "reward.type=syntax"]
+cfg = load(None, common + sets + extra)
 hub = Hub()
 train(cfg, hub=hub)
 print("AB-RESULT " + json.dumps({"step_s": statistics.median(hub.t["time/step"][2:]),
@@ -71,8 +83,10 @@ def fast_env(tree: Path) -> dict[str, str]:
     return env
 
 
-def run_side(tree: Path, model: Path, steps: int, tasks: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", WORKER, str(model), str(steps), str(tasks)],
+def run_side(tree: Path, model: Path, steps: int, tasks: Path, workload: str,
+             extra: list[str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", WORKER, str(model), str(steps), str(tasks),
+                           workload, json.dumps(extra)],
                           env=fast_env(tree), capture_output=True, text=True, cwd=tree)
     line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)
     if line is None:
@@ -89,6 +103,9 @@ def main() -> int:
     p.add_argument("--b", required=True, type=Path, help="checkout B")
     p.add_argument("--pairs", type=int, default=6)
     p.add_argument("--steps", type=int, default=8, help="steps per process (2 are warm-up)")
+    p.add_argument("--workload", choices=["syntax", "exec"], default="syntax")
+    p.add_argument("--set-a", action="append", default=[], help="a config override for A")
+    p.add_argument("--set-b", action="append", default=[], help="a config override for B")
     p.add_argument("--out", type=Path, default=ROOT / ".bench" / "ab.json")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -103,9 +120,10 @@ def main() -> int:
                              + "\n" for i in range(8)))
     a, b, ratios = [], [], []
     for i in range(args.pairs):
-        first, second = (args.a, args.b) if i % 2 == 0 else (args.b, args.a)
-        r1 = run_side(first.resolve(), model, args.steps, tasks)
-        r2 = run_side(second.resolve(), model, args.steps, tasks)
+        sides = [(args.a, args.set_a), (args.b, args.set_b)]
+        first, second = sides if i % 2 == 0 else sides[::-1]
+        r1 = run_side(first[0].resolve(), model, args.steps, tasks, args.workload, first[1])
+        r2 = run_side(second[0].resolve(), model, args.steps, tasks, args.workload, second[1])
         ra, rb = (r1, r2) if i % 2 == 0 else (r2, r1)
         a.append(ra["step_s"])
         b.append(rb["step_s"])
@@ -114,7 +132,8 @@ def main() -> int:
                            for k in list(ra["phases"])[1:])
         print(f"pair {i + 1}: a {ra['step_s']:.3f} s, b {rb['step_s']:.3f} s, "
               f"b/a {ratios[-1]:.3f} ({phases})", flush=True)
-    result = {"a": str(args.a), "b": str(args.b), "a_step_s": a, "b_step_s": b,
+    result = {"a": str(args.a), "b": str(args.b), "set_a": args.set_a, "set_b": args.set_b,
+              "workload": args.workload, "a_step_s": a, "b_step_s": b,
               "ratio_b_over_a": ratios, "median_ratio": statistics.median(ratios),
               "median_a_s": statistics.median(a), "median_b_s": statistics.median(b)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

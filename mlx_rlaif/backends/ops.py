@@ -27,8 +27,9 @@ from ..records import Rollout, Task
 from .sampling import SamplingParams
 
 # (policy, tasks, sampling, G, prompt formatter, seed or None: continue the random stream)
-Sample = Callable[[Any, list[Task], SamplingParams, int, Callable[[Task], list[int]], int | None],
-                  tuple[list[Rollout], dict]]
+# (policy, tasks, sampling, G, prompt formatter, seed, on_group) -> (rollouts, stats);
+#  on_group(rollouts) sees each prompt's G rollouts once they are all finished
+Sample = Callable[..., tuple[list[Rollout], dict]]
 # (policy, optimizer, kept rollouts, their advantages (per rollout, or per token with a critic),
 #  reference log-probs or None, config, KL penalty, critic's returns and old values or None)
 #  -> (metrics, updates skipped for a non-finite loss or gradient)
@@ -64,10 +65,13 @@ def mlx_ops() -> Ops:
     traced: dict[str, Any] = {}  # the run's compiled gradient and optimizer step (update.py)
 
     def sample(policy: Any, tasks: list[Task], params: SamplingParams, group_size: int,
-               fmt: Callable[[Task], list[int]], seed: int | None) -> tuple[list[Rollout], dict]:
+               fmt: Callable[[Task], list[int]], seed: int | None,
+               on_group: Callable[[list[Rollout]], None] | None = None
+               ) -> tuple[list[Rollout], dict]:
         if seed is not None:
             mx.random.seed(seed)
-        return rollout.sample(policy.model, policy.tokenizer, tasks, params, group_size, fmt)
+        return rollout.sample(policy.model, policy.tokenizer, tasks, params, group_size, fmt,
+                              on_group)
 
     def reference(policy: Any, rollouts: list[Rollout], cfg: Config) -> list[np.ndarray]:
         with training_fast_paths(policy.model):

@@ -20,6 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: 0.7 when n > 1, else 0.2)")
     p.add_argument("--max-tasks", type=int, default=0, help="evaluate at most N tasks")
+    p.add_argument("--languages", type=_names, default=[],
+                   help="only tasks in these languages, comma-separated (default: all)")
+    p.add_argument("--difficulties", type=_names, default=[],
+                   help="only tasks of these difficulties, comma-separated, e.g. medium,hard")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--out", help="per-task results JSONL (default: eval_results.jsonl)",
                    default="eval_results.jsonl")
@@ -30,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "reported after turn 1 and after turn K, on the hidden tests")
     p.add_argument("--config", help="YAML config for generation/reward settings")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def suite_spec(name: str) -> str:
@@ -57,11 +65,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, generation=replace(cfg.generation, max_new_tokens=args.max_new_tokens))
     if cfg.reward.type == "teacher":
         raise UsageError("eval reports pass@k from tests: use reward.type exec (the default)")
-    tasks = load_tasks(suite_spec(args.suite), max_tasks=args.max_tasks)
+    tasks = load_tasks(suite_spec(args.suite), languages=args.languages,
+                       max_tasks=args.max_tasks, difficulties=args.difficulties)
     reward_fn = build_reward(cfg, languages={t.language for t in tasks})
     policy = load_policy(args.model, cfg.lora, args.adapter, args.seed)
     temp = args.temperature if args.temperature is not None else (0.7 if args.n > 1 else 0.2)
-    ks = sorted({1, args.n} | {k for k in (5, 10, 100) if k <= args.n})
+    ks = sorted({1, args.n} | {k for k in (5, 8, 10, 100) if k <= args.n})
     try:
         ops = mlx_ops()
         res = evaluate_tasks(ops.sample, policy, tasks, reward_fn, cfg, n=args.n, ks=ks,

@@ -103,6 +103,9 @@ class GenerationConfig:
     prefill_once: bool = opt(True, "Prefill each prompt once and share its KV cache with the G "
                              "completions of its group.")
     completion_batch_size: int = opt(0, "Most sequences decoded at once (0: all P x G).", _nonneg)
+    score_while_decoding: bool = opt(True, "Score each group (sandbox, teacher) as soon as its "
+                                     "last completion ends, while the rest still decode; the "
+                                     "same rewards as scoring after. Single-turn only.")
     max_turns: int = opt(1, "Answers per conversation (1: single answers). Above 1, an answer "
                          "that fails its task's visible tests gets the exec reward's failure "
                          "report as the next user turn and answers again, up to max_turns or "
@@ -195,6 +198,9 @@ class TrainingConfig:
     batch_size: int = opt(2, "P: prompts per step; a step trains on P x G completions.", _pos)
     num_epochs: int = opt(1, "Passes over the training tasks.", _pos)
     max_steps: int = opt(0, "Stop after this many steps (0: run all epochs).", _nonneg)
+    max_minutes: float = opt(0.0, "Stop after the step that passes this many minutes of training "
+                             "in this process (0: no limit), then save and evaluate as at the "
+                             "end: runs compared in the same wall-clock budget.", _nonneg)
     learning_rate: float = opt(1e-4, "Peak AdamW learning rate.", _pos)
     weight_decay: float = opt(0.0, "AdamW weight decay.", _nonneg)
     warmup_steps: int = opt(0, "Linear warmup steps.", _nonneg)

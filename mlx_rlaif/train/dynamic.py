@@ -35,8 +35,7 @@ def groups_of(rollouts: list[Rollout], rewards: list[Reward], version: int) -> l
 
 
 def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
-            sample: Callable[[list[Task], bool], tuple[list[Rollout], dict]],
-            score: Callable[[list[Rollout]], list[Reward]],
+            sample: Callable[[list[Task], bool], tuple[list[Rollout], list[Reward], dict]],
             observe: Callable[[list[Rollout], list[Reward]], None]
             ) -> tuple[list[Group], dict[str, float], dict[str, float]]:
     """`need` groups with signal for this step: carried ones first, then rounds of
@@ -51,8 +50,7 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
         tasks = draw(math.ceil((need - len(pool)) * rl.oversample))
         if not tasks:
             break
-        rollouts, stats = sample(tasks, rounds == 0)
-        rewards = score(rollouts)
+        rollouts, rewards, stats = sample(tasks, rounds == 0)
         observe(rollouts, rewards)
         gen = stats if not gen else _add(gen, stats)
         fresh_groups = groups_of(rollouts, rewards, version)

@@ -92,7 +92,8 @@ def _row(task: Task, group: list, firsts: list[Reward] | None = None) -> dict[st
     row = {
         "id": task.id, "language": task.language, "difficulty": task.difficulty,
         "n": len(group), "correct": sum(passed(rw) for _, rw in group),
-        "rewards": vals, "completions": [r.text for r, _ in group],
+        "rewards": vals, "passed": [passed(rw) for _, rw in group],
+        "completions": [r.text for r, _ in group],
         "reasons": [rw.reason for _, rw in group],
     }
     if firsts is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -41,6 +42,8 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
     keys = cfg.data.curriculum_by
     observe = (lambda rs, ws: run.curriculum.observe(pass_values(rs, ws), keys)) \
         if run.curriculum is not None else (lambda rs, ws: None)
+    deadline = time.monotonic() + 60 * cfg.training.max_minutes if cfg.training.max_minutes \
+        else math.inf
     while run.state.step < steps:
         s = run.state
         try:
@@ -60,6 +63,10 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
             hub.end_epoch(s.epoch + 1)
         maybe_save(run, hub, s.epoch + 1, s.cursor // P + 1, epoch_end)
         if run.stop:
+            break
+        if time.monotonic() >= deadline:
+            hub.message(f"time budget of {cfg.training.max_minutes:g} min reached after "
+                        f"{run.state.step} steps")
             break
     if run.stop:
         hub.message(f"stopping: {run.stop}; checkpoint saved")

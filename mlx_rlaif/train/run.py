@@ -46,13 +46,15 @@ class Run:
     def sampling(self) -> SamplingParams:
         return SamplingParams.from_config(self.cfg.generation)
 
-    def sample(self, tasks: list[Task], seed: int | None) -> tuple[list, dict]:
+    def sample(self, tasks: list[Task], seed: int | None,
+               on_group: Callable[[list], None] | None = None) -> tuple[list, dict]:
         """G completions of each task from the live policy (`seed` None: continue the stream);
-        conversations of up to generation.max_turns answers when it is above 1."""
+        conversations of up to generation.max_turns answers when it is above 1. `on_group`
+        (single answers only) sees each task's G rollouts as soon as they have all ended."""
         gen = self.cfg.generation
         if gen.max_turns == 1:
             return self.ops.sample(self.policy, tasks, self.sampling,
-                                   gen.num_samples_per_prompt, self.format, seed)
+                                   gen.num_samples_per_prompt, self.format, seed, on_group)
         respond = responder(self.reward_fn, self.policy.tokenizer, gen,
                             self.cfg.model.chat_template)
         return self.ops.converse(self.policy, tasks, self.sampling, gen.num_samples_per_prompt,

@@ -20,6 +20,7 @@ interrupted SFT run, full fine-tuning.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -274,7 +275,8 @@ def _loop(run: SFTRun, data: list, valid: list, steps: int, out: Any, progress: 
     model = run.policy.model
     model.train(run.cfg.lora.dropout > 0)
     per_epoch = len(data) // t.batch_size
-    while run.state.step < steps:
+    deadline = time.monotonic() + 60 * t.max_minutes if t.max_minutes else math.inf
+    while run.state.step < steps and time.monotonic() < deadline:
         epoch = run.state.epoch
         for b, (tokens, lengths) in enumerate(batches(data, t.batch_size,
                                                       run.cfg.sft.max_seq_length,
@@ -294,8 +296,9 @@ def _loop(run: SFTRun, data: list, valid: list, steps: int, out: Any, progress: 
             if epoch_end:
                 run.state = replace(run.state, epoch=epoch + 1, cursor=0)
                 _end_epoch(run, valid, out, log)
-            _maybe_save(run, epoch + 1, b, epoch_end, steps)
-            if run.state.step >= steps:
+            over = time.monotonic() >= deadline  # the time budget: this step is the last
+            _maybe_save(run, epoch + 1, b, epoch_end, run.state.step if over else steps)
+            if run.state.step >= steps or over:
                 break
     model.train(False)
 

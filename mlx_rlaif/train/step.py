@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -152,27 +153,46 @@ def gather(run: Run, draw: Callable[..., list[Task]],
     dynamic-sampling metrics)."""
     need = prompts_per_step(run.cfg)
     if not run.cfg.rl.dynamic_sampling:
-        rollouts, gen = sample_chunks(run, draw(need))
-        rewards = score(run, rollouts)
+        rollouts, rewards, gen = sample_scored(run, draw(need))
         observe(rollouts, rewards)
         return rollouts, rewards, gen, {}
     groups, gen, extra = collect(run, need, lambda n: draw(n, True),
-                                 lambda tasks, first: sample_chunks(run, tasks, first),
-                                 lambda rs: score(run, rs), observe)
+                                 lambda tasks, first: sample_scored(run, tasks, first), observe)
     return ([r for g in groups for r in g.rollouts], [w for g in groups for w in g.rewards],
             gen, extra)
 
 
-def sample_chunks(run: Run, tasks: list[Task], seeded: bool = True
+SCORERS = 4  # groups scored at once while decoding (the reward's own pool bounds the sandboxes)
+
+
+def sample_scored(run: Run, tasks: list[Task], seeded: bool = True
+                  ) -> tuple[list[Rollout], list[Reward], dict[str, float]]:
+    """The rollouts of `tasks` and their rewards. With generation.score_while_decoding (single
+    answers), each task's group is scored in a background thread as soon as its last completion
+    ends, while the other rows still decode; a reward scores each completion on its own, so the
+    rewards are the ones scoring after would give."""
+    if not (run.cfg.generation.score_while_decoding and run.cfg.generation.max_turns == 1):
+        rollouts, gen = sample_chunks(run, tasks, seeded)
+        return rollouts, score(run, rollouts), gen
+    pending: list[tuple[list[Rollout], Future[list[Reward]]]] = []
+    with ThreadPoolExecutor(SCORERS, thread_name_prefix="score") as pool:
+        rollouts, gen = sample_chunks(
+            run, tasks, seeded, lambda group: pending.append((group, pool.submit(score, run, group))))
+        by_id = {id(r): w for group, f in pending for r, w in zip(group, f.result(), strict=True)}
+    return rollouts, [by_id[id(r)] for r in rollouts], gen
+
+
+def sample_chunks(run: Run, tasks: list[Task], seeded: bool = True,
+                  on_group: Callable[[list[Rollout]], None] | None = None
                   ) -> tuple[list[Rollout], dict[str, float]]:
     """The step's rollouts, sampled `training.batch_size` prompts at a time (more than one
     chunk with gradient accumulation), the sampling stream seeded once per step (`seeded`:
-    here; else it continues)."""
+    here; else it continues). `on_group` sees each task's rollouts as soon as they have ended."""
     P = run.cfg.training.batch_size
     seed = step_seed(run.cfg.training.seed, run.state.step) if seeded else None
     rollouts, stats = [], {}
     for i in range(0, len(tasks), P):
-        part, s = run.sample(tasks[i: i + P], seed if i == 0 else None)
+        part, s = run.sample(tasks[i: i + P], seed if i == 0 else None, on_group)
         rollouts += part
         stats = s if not stats else merge_gen_stats(stats, s)
     return rollouts, stats

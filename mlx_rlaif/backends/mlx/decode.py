@@ -113,16 +113,21 @@ def merged_cache(caches: list[list[Any]]) -> list[Any]:
 
 
 def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int, pick: Pick,
-           eos: Collection[int], keep_caches: bool = False) -> Decoded:
+           eos: Collection[int], keep_caches: bool = False,
+           on_done: Callable[[Decoded, list[int]], None] | None = None) -> Decoded:
     """Decode `len(first)` rows, each from its last prompt token, over `cache` (merged). With
     `keep_caches`, each row's cache is cut out of the batch when it ends (mlx-lm's `extract`),
-    for a conversation to continue from: it holds a prefix of the row's prompt + tokens."""
+    for a conversation to continue from: it holds a prefix of the row's prompt + tokens.
+    `on_done(out, rows)` is called with the rows that have ended, as soon as they have (while
+    the others still decode: their scoring can start)."""
     n = len(first)
     out = Decoded([[] for _ in range(n)], [[] for _ in range(n)], ["length"] * n,
                   caches=[None] * n)
     if max_tokens < 1:
         if keep_caches:
             _keep(out, cache, list(range(n)), list(range(n)))
+        if on_done is not None:
+            on_done(out, list(range(n)))
         return out
     rows = list(range(n))  # the row of each batch position
 
@@ -137,9 +142,11 @@ def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int
         if more:
             y_next, lp_next = step(y)
         keep = _record(out, rows, y.tolist(), lp.tolist(), eos)
+        ended = [j for j in range(len(rows)) if j not in keep or not (more and keep)]
         if keep_caches:
-            ended = [j for j in range(len(rows)) if j not in keep or not more]
             _keep(out, cache, rows, ended)
+        if on_done is not None and ended:
+            on_done(out, [rows[j] for j in ended])
         if not (more and keep):
             break
         if len(keep) < len(rows):

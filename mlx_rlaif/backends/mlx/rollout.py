@@ -69,11 +69,12 @@ def _rows(cache: list[BatchKVCache], rows: list[int]) -> list[BatchKVCache]:
 
 
 def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
-             params: SamplingParams, eos_ids: Sequence[int], keep_caches: bool = False
-             ) -> tuple[list[dict], dict]:
+             params: SamplingParams, eos_ids: Sequence[int], keep_caches: bool = False,
+             on_seq: Callable[[int, dict], None] | None = None) -> tuple[list[dict], dict]:
     """Sample `group_size` completions per prompt. Returns per-sequence dicts (prompt-major order,
     index p * G + g) with tokens, logprobs, finish_reason (and with `keep_caches` the row's
-    per-layer KV cache, for a conversation to continue from), and stats."""
+    per-layer KV cache, for a conversation to continue from), and stats. `on_seq(index, seq)`
+    sees each sequence as soon as it ends, while the others still decode."""
     n = len(prompts_P) * group_size
     prompt_of = [i // group_size for i in range(n)]
     pick = picker(params.temperature, params.top_p, params.top_k)
@@ -93,8 +94,21 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
             cache = _rows(prefilled, prompt_of[rows]) if batched \
                 else merged_cache(row_caches[rows])
             parts.append(decode(model, cache, [prompts_P[p][-1] for p in prompt_of[rows]],
-                                params.max_new_tokens, pick, set(eos_ids), keep_caches))
+                                params.max_new_tokens, pick, set(eos_ids), keep_caches,
+                                _reporter(on_seq, rows.start)))
     return _seqs(parts, time.perf_counter() - tic)
+
+
+def _reporter(on_seq: Callable[[int, dict], None] | None, offset: int) -> Any:
+    """decode's `on_done` calling `on_seq(global index, seq)` for each ended row."""
+    if on_seq is None:
+        return None
+
+    def on_done(out: Any, rows: list[int]) -> None:
+        for i in rows:
+            on_seq(offset + i, {"tokens": out.tokens[i], "logprobs": out.logprobs[i],
+                                "finish_reason": out.finish[i]})
+    return on_done
 
 
 def continue_rows(model: nn.Module, caches: list[list[Any]], sequences: list[list[int]],
@@ -215,20 +229,27 @@ def _merge_stats(a: dict, b: dict) -> dict:
 
 
 def sample(model: nn.Module, tokenizer: Any, tasks: Sequence[Task], params: SamplingParams,
-           group_size: int, format: Callable[[Task], list[int]] | None = None
+           group_size: int, format: Callable[[Task], list[int]] | None = None,
+           on_group: Callable[[list[Rollout]], None] | None = None
            ) -> tuple[list[Rollout], dict]:
-    """Rollouts for `tasks` (P) with `group_size` (G) completions each, prompt-major (P x G)."""
+    """Rollouts for `tasks` (P) with `group_size` (G) completions each, prompt-major (P x G).
+    `on_group(rollouts)` sees each prompt's G rollouts as soon as the last of them ends (the
+    trainer scores them while the rest decode)."""
     fmt = format or prompt_formatter(tokenizer)
     prompts_P = [fmt(t) for t in tasks]
     eos = sorted(getattr(tokenizer, "eos_token_ids", None) or {tokenizer.eos_token_id})
-    seqs, stats = generate(model, prompts_P, group_size, params, eos)
-    eos_set = set(eos)
-    rollouts = []
-    for i, s in enumerate(seqs):
+    built: list[Rollout | None] = [None] * (len(tasks) * group_size)
+
+    def on_seq(i: int, s: dict) -> None:
         p = i // group_size
-        body = [t for t in s["tokens"] if t not in eos_set]
-        rollouts.append(Rollout(
-            task=tasks[p], prompt_tokens=tuple(prompts_P[p]), tokens=tuple(s["tokens"]),
-            logprobs=tuple(s["logprobs"]), text=tokenizer.decode(body),
-            finish_reason=s["finish_reason"], temperature=params.temperature))
-    return rollouts, stats
+        body = [t for t in s["tokens"] if t not in set(eos)]
+        built[i] = Rollout(task=tasks[p], prompt_tokens=tuple(prompts_P[p]),
+                           tokens=tuple(s["tokens"]), logprobs=tuple(s["logprobs"]),
+                           text=tokenizer.decode(body), finish_reason=s["finish_reason"],
+                           temperature=params.temperature)
+        group = built[p * group_size:(p + 1) * group_size]
+        if on_group is not None and all(r is not None for r in group):
+            on_group(group)
+
+    _, stats = generate(model, prompts_P, group_size, params, eos, on_seq=on_seq)
+    return built, stats

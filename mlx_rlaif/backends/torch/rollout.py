@@ -113,10 +113,13 @@ def _cut(tokens: list[int], logprobs: list[float], eos: set[int]
 
 
 def sample(policy: TorchPolicy, tasks: Sequence[Task], params: SamplingParams, group_size: int,
-           format: Callable[[Task], list[int]] | None = None, seed: int | None = None
+           format: Callable[[Task], list[int]] | None = None, seed: int | None = None,
+           on_group: Callable[[list[Rollout]], None] | None = None
            ) -> tuple[list[Rollout], dict]:
     """Rollouts for `tasks` (P) with `group_size` (G) completions each, prompt-major (P x G);
-    the same records and stats keys as rollout.sample. `seed` seeds torch's generator first."""
+    the same records and stats keys as rollout.sample. `seed` seeds torch's generator first.
+    `on_group` sees each prompt's G rollouts after the whole batch has decoded (HF's generate
+    does not report rows as they end)."""
     tok = policy.tokenizer
     fmt = format or prompt_formatter(tok)
     prompts_P = [fmt(t) for t in tasks]
@@ -143,4 +146,7 @@ def sample(policy: TorchPolicy, tasks: Sequence[Task], params: SamplingParams, g
             task=tasks[p], prompt_tokens=tuple(prompts_P[p]), tokens=tuple(toks),
             logprobs=tuple(lps), text=tok.decode([t for t in toks if t not in eos_set]),
             finish_reason=finish, temperature=params.temperature))
+    if on_group is not None:
+        for p in range(len(tasks)):
+            on_group(rollouts[p * group_size:(p + 1) * group_size])
     return rollouts, stats

@@ -1,0 +1,281 @@
+"""The learning protocol of issue 21: does a recipe teach the shipped model medium and hard Python
+tasks it did not solve, in the same wall-clock budget as the controls?
+
+    python tools/learning.py prepare                      # once: freeze, split, control data
+    python tools/learning.py run ARM --seed S [--minutes 5] [--on dev|eval]
+    python tools/learning.py report [--on eval]
+
+`prepare` records the sha256 of the model's files (the model is frozen: every run starts from
+it), carves a dev split out of the training families (one task in eight of each Python
+(difficulty, family) bucket of `synthetic-train`; recipes are tuned on it, never on the
+evaluated tasks), writes the remaining training tasks, the supervised control's data (their
+reference solutions as the model was taught them: the body under the prompt's stub), and
+evaluates the frozen model.
+
+`run` trains one arm from the frozen model for `--minutes` of training (`training.max_minutes`;
+model loading and evaluation are not counted) and evaluates it on the medium and hard Python
+tasks of the dev split or of `synthetic-eval` (`--on eval`): pass@1 at T = 0.7 and pass@8 from
+16 samples per task, and greedy pass@1, all with evaluation seed 0. Arms:
+
+- `current`: the quickstart recipe on all Python training tasks (`data.difficulties=[]`),
+  scoring after decoding: what main trained with before issue 21;
+- `new`: configs/full-python.yaml (dynamic sampling, curriculum, GSPO ratios);
+- `no-dynamic`, `no-curriculum`, `no-gspo`: `new` with one of them off;
+- `sft`: continued supervised tuning on the training solutions (the control: more of what made
+  the model);
+- `rft`: rejection-sampling fine-tuning (the other control): sample 8 answers per training task
+  from the frozen model for half the budget, keep the passing ones, tune on them for the rest.
+
+Results append to .bench/learning/results.jsonl; `report` prints the table (mean and range over
+seeds of the gain in points over the frozen model).
+
+Not covered: other models, languages or suites; runs longer than this machine's budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+WORK = ROOT / ".bench" / "learning"
+MODEL = "builtin:tiny-coder"
+LEVELS = "medium,hard"
+EVAL_SEED = 0
+SAMPLES = 16  # per task, T = 0.7: pass@1 and pass@8
+RECIPE = ROOT / "configs" / "full-python.yaml"
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+ABLATIONS = {"no-dynamic": ["rl.dynamic_sampling=false"],
+             "no-curriculum": ["data.curriculum=false"],
+             "no-gspo": ["rl.ratio_level=token"]}
+
+
+def cli(*args: str, log: Path | None = None) -> None:
+    """Run `mlx-rlaif ARGS` (the installed package, OpenBLAS preloaded as the CLI does)."""
+    cmd = [sys.executable, "-m", "mlx_rlaif.cli", *args]
+    out = log.open("w") if log is not None else None
+    try:
+        proc = subprocess.run(cmd, stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=ROOT)
+    finally:
+        if out is not None:
+            out.close()
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:] if log is not None else proc.stdout[-3000:]
+        raise SystemExit(f"mlx-rlaif {' '.join(args[:1])} failed ({proc.returncode}):\n{tail}")
+
+
+def model_hash() -> dict[str, str]:
+    from mlx_rlaif.assets import builtin_path
+
+    root = Path(builtin_path(MODEL))
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.iterdir()) if p.is_file() and p.suffix in
+            {".safetensors", ".json"}}
+
+
+def answer_body(task: dict) -> str:
+    """The supervised answer as the model was taught it (tools/make_tiny_model.answer_text)."""
+    from make_tiny_model import answer_text
+
+    return answer_text(task)
+
+
+def split_train(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(train, dev): one task in eight of each Python (difficulty, family) bucket, chosen by a
+    CRC of its id, goes to dev (at least one per bucket of two or more)."""
+    buckets: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        if r["language"] == "python":
+            buckets.setdefault((r["difficulty"], r["family"]), []).append(r)
+    train, dev = [], []
+    for rs in buckets.values():
+        ranked = sorted(rs, key=lambda r: zlib.crc32(r["id"].encode()))
+        k = max(1, len(rs) // 8) if len(rs) > 1 else 0
+        dev += ranked[:k]
+        train += ranked[k:]
+    return train, dev
+
+
+def evaluate(adapter: Path | None, on: str, tag: Path) -> dict[str, float]:
+    """pass@1 (T = 0.7) and pass@8 from 16 samples per task, and greedy pass@1."""
+    suite = str(WORK / "dev.jsonl") if on == "dev" else "synthetic-eval"
+    base = ["eval", "--model", MODEL, "--suite", suite, "--languages", "python",
+            "--difficulties", LEVELS, "--seed", str(EVAL_SEED)]
+    if adapter is not None:
+        base += ["--adapter", str(adapter)]
+    res = {}
+    for name, extra in (("sampled", ["-n", str(SAMPLES), "--temperature", "0.7"]),
+                        ("greedy", ["-n", "1", "--temperature", "0"])):
+        out = tag.with_name(f"{tag.name}-{name}.jsonl")
+        cli(*base, *extra, "--out", str(out), log=out.with_suffix(".log"))
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        from mlx_rlaif.train.evaluate import summarize
+
+        s = summarize(rows, int(extra[1]), [1, 8])
+        if name == "sampled":
+            res.update({"pass@1": s["pass@1"], "pass@8": s["pass@8"]})
+        else:
+            res["greedy"] = s["pass@1"]
+    res["tasks"] = len(rows)
+    return res
+
+
+def prepare(args: argparse.Namespace) -> int:
+    from mlx_rlaif.data.suites import load_suite
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    train, dev = split_train(list(load_suite("synthetic-train")))
+    for name, rows in (("train", train), ("dev", dev)):
+        (WORK / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (WORK / "sft.jsonl").write_text("".join(
+        json.dumps({"prompt": r["prompt"], "completion": answer_body(r)}) + "\n" for r in train))
+    frozen = {"model": MODEL, "sha256": model_hash(), "train": len(train), "dev": len(dev),
+              "dev_medium_hard": sum(r["difficulty"] != "easy" for r in dev)}
+    for on in ("dev", "eval"):
+        frozen[f"before_{on}"] = evaluate(None, on, WORK / f"before-{on}")
+    (WORK / "frozen.json").write_text(json.dumps(frozen, indent=2))
+    print(json.dumps(frozen, indent=2))
+    return 0
+
+
+def train_rl(arm: str, seed: int, minutes: float, out: Path) -> None:
+    recipe = QUICKSTART if arm == "current" else RECIPE
+    sets = {"current": ["data.difficulties=[]", "generation.score_while_decoding=false"],
+            "new": []}.get(arm) or ABLATIONS[arm]
+    args = ["train", "--config", str(recipe), "--output-dir", str(out), "--no-dashboard",
+            "--set", f"data.train_file={WORK / 'train.jsonl'}", "--set", "data.eval_file=",
+            "--set", f"training.seed={seed}", "--set", f"training.max_minutes={minutes}",
+            "--set", "training.max_steps=0", "--set", "training.num_epochs=100",
+            "--set", "training.save_every_batches=0", "--set", "training.save_total_limit=1",
+            "--set", "logging.tensorboard=false"]
+    for s in sets:
+        args += ["--set", s]
+    cli(*args, log=out.with_suffix(".log"))
+
+
+def train_sft(data: Path, seed: int, minutes: float, out: Path) -> None:
+    cli("sft", "--config", str(ROOT / "configs" / "sft.yaml"), "--set", f"model.path={MODEL}",
+        "--set", f"sft.train_file={data}", "--set", f"training.output_dir={out}",
+        "--set", f"training.seed={seed}", "--set", f"training.max_minutes={minutes}",
+        "--set", "training.num_epochs=100", "--set", "training.batch_size=16",
+        "--set", "training.learning_rate=2.0e-4", "--set", "training.save_every_epochs=0",
+        "--set", "training.save_total_limit=1", log=out.with_suffix(".log"))
+
+
+def rejection_samples(seed: int, seconds: float, out: Path) -> Path:
+    """Passing answers of the frozen model on the training tasks, 8 per task, sampled in chunks
+    of 64 tasks until `seconds` have passed; written as SFT records."""
+    tasks = [json.loads(x) for x in (WORK / "train.jsonl").read_text().splitlines()]
+    order = sorted(tasks, key=lambda r: zlib.crc32(f"{seed}:{r['id']}".encode()))
+    kept, tic = [], time.monotonic()
+    for i in range(0, len(order), 64):
+        chunk = out.parent / f"{out.name}-chunk.jsonl"
+        chunk.write_text("".join(json.dumps(r) + "\n" for r in order[i:i + 64]))
+        res = out.parent / f"{out.name}-sampled.jsonl"
+        cli("eval", "--model", MODEL, "--suite", str(chunk), "-n", "8", "--temperature", "1.0",
+            "--max-new-tokens", "64", "--seed", str(seed + i), "--out", str(res),
+            log=res.with_suffix(".log"))
+        by_id = {r["id"]: r for r in order[i:i + 64]}
+        for row in map(json.loads, res.read_text().splitlines()):
+            kept += [{"prompt": by_id[row["id"]]["prompt"], "completion": c}
+                     for c, ok in zip(row["completions"], row["passed"], strict=True) if ok]
+        if time.monotonic() - tic >= seconds:
+            break
+    data = out.parent / f"{out.name}-kept.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    print(f"rft: kept {len(kept)} passing answers in {time.monotonic() - tic:.0f} s")
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    if not (WORK / "frozen.json").is_file():
+        raise SystemExit("run `python tools/learning.py prepare` first")
+    frozen = json.loads((WORK / "frozen.json").read_text())
+    if frozen["sha256"] != model_hash():
+        raise SystemExit("the model changed since `prepare`: prepare again (a new frozen model)")
+    out = WORK / "runs" / f"{args.arm}-s{args.seed}-{args.on}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for p in out.parent.glob(f"{out.name}*"):
+        subprocess.run(["rm", "-rf", str(p)], check=True)
+    tic = time.monotonic()
+    if args.arm == "sft":
+        train_sft(WORK / "sft.jsonl", args.seed, args.minutes, out)
+    elif args.arm == "rft":
+        half = 60 * args.minutes / 2
+        t0 = time.monotonic()
+        data = rejection_samples(args.seed, half, out)
+        train_sft(data, args.seed, max(args.minutes - (time.monotonic() - t0) / 60, 0.1), out)
+    else:
+        train_rl(args.arm, args.seed, args.minutes, out)
+    wall = time.monotonic() - tic
+    after = evaluate(out, args.on, out)
+    before = frozen[f"before_{args.on}"]
+    row = {"arm": args.arm, "seed": args.seed, "on": args.on, "minutes": args.minutes,
+           "wall_s": round(wall, 1), "steps": _steps(out), **{f"after/{k}": v for k, v in
+                                                              after.items()},
+           **{f"gain/{k}": round(100 * (after[k] - before[k]), 1)
+              for k in ("pass@1", "pass@8", "greedy")}}
+    with (WORK / "results.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row))
+    return 0
+
+
+def _steps(out: Path) -> int:
+    lines = (out / "batches.jsonl").read_text().splitlines() if (out / "batches.jsonl").is_file() \
+        else []
+    return len([x for x in lines if '"step"' in x])
+
+
+def report(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    frozen = json.loads((WORK / "frozen.json").read_text())
+    rows = [json.loads(x) for x in (WORK / "results.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["on"] == args.on]
+    b = frozen[f"before_{args.on}"]
+    print(f"frozen model: pass@1 {b['pass@1']:.3f}, pass@8 {b['pass@8']:.3f}, greedy "
+          f"{b['greedy']:.3f} on {b['tasks']} {args.on} medium+hard Python tasks")
+    print("| arm | seeds | steps | pass@1 gain (T=0.7) | pass@8 gain | greedy pass@1 gain |")
+    print("|---|---|---|---|---|---|")
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        rs = {r["seed"]: r for r in rows if r["arm"] == arm}  # the latest run of each seed
+        cells = []
+        for k in ("pass@1", "pass@8", "greedy"):
+            g = [r[f"gain/{k}"] for r in rs.values()]
+            cells.append(f"{np.mean(g):+.1f} ({min(g):+.1f} to {max(g):+.1f})" if len(g) > 1
+                         else f"{g[0]:+.1f}")
+        steps = "/".join(str(r["steps"]) for r in rs.values())
+        print(f"| {arm} | {','.join(map(str, rs))} | {steps} | " + " | ".join(cells) + " |")
+    return 0
+
+
+def main() -> int:
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("prepare")
+    r = sub.add_parser("run")
+    r.add_argument("arm", choices=["current", "new", "sft", "rft", *ABLATIONS])
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--minutes", type=float, default=5.0)
+    r.add_argument("--on", choices=["dev", "eval"], default="dev")
+    rep = sub.add_parser("report")
+    rep.add_argument("--on", choices=["dev", "eval"], default="eval")
+    args = p.parse_args()
+    return {"prepare": prepare, "run": run, "report": report}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
