@@ -5,12 +5,15 @@ task inflates every gain measured on it; `mlx-rlaif data overlap` reports them a
 
 Text is lower-cased and split into tokens (runs of letters, digits and `_`, and each other
 non-space character), then into n-grams of `n` tokens (a text shorter than `n` tokens is one
-gram of all of them). The score of a pair is |A & B| / min(|A|, |B|) for their gram sets A and
-B: 1.0 when one text is contained in the other, about the fraction of shared text for
-near-duplicates. A training task is flagged against its best-scoring evaluation task when that
-score reaches `threshold`, separately for the prompt and the reference solution (`solution`,
-where the task has one). Tests are flagged when both tasks' whole tests are equal after
-normalizing whitespace (`test`) or key order (`tests`).
+gram of all of them). The score of a pair is the share of the shorter text's tokens that lie in
+an n-gram the other text also has: 1.0 when one text contains the other; for a near-duplicate,
+about the share of its tokens outside the edits (a changed word uncovers only itself when the
+unchanged runs around it are at least `n` tokens long); 0 for texts that share no run of `n`
+tokens, so common openings ("write a function that takes") count for nothing. A training task
+is flagged against its best-scoring evaluation task when that score reaches `threshold`,
+separately for the prompt and the reference solution (`solution`, where the task has one).
+Tests are flagged when both tasks' whole tests are equal after normalizing whitespace (`test`)
+or key order (`tests`).
 
 Not covered: semantic duplicates (the same problem reworded entirely), overlap inside one set.
 """
@@ -44,10 +47,29 @@ def tokens(text: str) -> list[str]:
 
 
 def ngrams(text: str, n: int) -> frozenset[tuple[str, ...]]:
-    toks = tokens(text)
+    return gram_set(tokens(text), n)
+
+
+def gram_set(toks: list[str], n: int) -> frozenset[tuple[str, ...]]:
     if len(toks) < n:
         return frozenset([tuple(toks)]) if toks else frozenset()
     return frozenset(tuple(toks[i:i + n]) for i in range(len(toks) - n + 1))
+
+
+def coverage(toks: list[str], other: frozenset[tuple[str, ...]], n: int) -> float:
+    """The share of `toks` lying in an n-gram that `other` (a gram set) also has."""
+    if len(toks) < n:
+        return float(tuple(toks) in other) if toks else 0.0
+    covered = [False] * len(toks)
+    for i in range(len(toks) - n + 1):
+        if tuple(toks[i:i + n]) in other:
+            covered[i:i + n] = [True] * n
+    return sum(covered) / len(toks)
+
+
+def pair_score(a: list[str], ga: frozenset, b: list[str], gb: frozenset, n: int) -> float:
+    """Coverage of the shorter text by the other one's n-grams."""
+    return coverage(a, gb, n) if len(a) <= len(b) else coverage(b, ga, n)
 
 
 def field_text(task: Task, field: str) -> str:
@@ -69,16 +91,20 @@ def tests_key(task: Task) -> str | None:
 def best_matches(train: Sequence[Task], evals: Sequence[Task], field: str, n: int,
                  threshold: float) -> list[Match]:
     """For each training task, its best-scoring evaluation task in `field`, if at threshold."""
-    grams = [ngrams(field_text(t, field), n) for t in evals]
+    etoks = [tokens(field_text(t, field)) for t in evals]
+    egrams = [gram_set(t, n) for t in etoks]
     index: dict[tuple[str, ...], list[int]] = defaultdict(list)
-    for j, g in enumerate(grams):
+    for j, g in enumerate(egrams):
         for gram in g:
             index[gram].append(j)
     out = []
     for task in train:
-        mine = ngrams(field_text(task, field), n)
+        toks = tokens(field_text(task, field))
+        mine = gram_set(toks, n)
         hits = Counter(j for gram in mine for j in index.get(gram, ()))
-        scored = [(shared / min(len(mine), len(grams[j])), j) for j, shared in hits.items()]
+        # a score >= threshold needs at least threshold * (shorter length) / n shared grams
+        scored = [(pair_score(toks, mine, etoks[j], egrams[j], n), j) for j, shared in hits.items()
+                  if shared * n >= threshold * min(len(toks), len(etoks[j]))]
         if scored:
             score, j = max(scored, key=lambda sj: (sj[0], -sj[1]))
             if score >= threshold:

@@ -10,7 +10,9 @@
 - MBPP+ (`evalplus/mbppplus`: task_id, prompt, code, source_file, test_imports, test_list,
   test): `test` is EvalPlus's program (helpers, `inputs`, `results`, a loop of `assertion`
   calls). Its imports and definitions stay at module level, the rest becomes the body of
-  `check`, so the whole program is one test, all or nothing, as EvalPlus scores it.
+  `check`, so the whole program is one test, all or nothing, as EvalPlus scores it. Its
+  `import numpy as np` becomes a standard-library stand-in (NUMPY_STANDIN below): the checker
+  runs without site-packages.
 - HumanEval (`openai/openai_humaneval`: task_id, prompt, canonical_solution, test,
   entry_point): kept as it is; the shipped `suite:humaneval` goes through this converter.
 
@@ -116,7 +118,7 @@ def program_check(program: str, imports: list[str]) -> str:
     except SyntaxError as e:
         raise Skip(f"the test program does not parse: {e.msg}") from None
     keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)
-    helpers = [n for n in tree.body if isinstance(n, keep)]
+    helpers = [m for n in tree.body if isinstance(n, keep) for m in _without_numpy(n)]
     body = [n for n in tree.body if not isinstance(n, keep)]
     if not body:
         raise Skip("the test program runs no test")
@@ -124,6 +126,53 @@ def program_check(program: str, imports: list[str]) -> str:
         posonlyargs=[], args=[ast.arg("candidate")], kwonlyargs=[], kw_defaults=[], defaults=[]),
         body=body, decorator_list=[], returns=None, type_params=[])
     return ast.unparse(ast.fix_missing_locations(ast.Module([*helpers, check], []))) + "\n"
+
+
+# EvalPlus's helpers use numpy for two names: `np.ndarray` (in is_floats) and
+# `np.testing.assert_allclose` (floats within a tolerance). The checker's sandbox runs Python
+# without site-packages, and every value from the student's process is plain data, so this
+# stand-in replaces `import numpy as np`: no value is an ndarray, and assert_allclose compares
+# numbers (nested lists and tuples elementwise, a scalar against each element) as numpy does,
+# |actual - desired| <= atol + rtol * |desired|.
+NUMPY_STANDIN = '''class np:
+    class ndarray:
+        pass
+
+    float64 = float32 = float
+
+    class testing:
+        @staticmethod
+        def assert_allclose(actual, desired, rtol=1e-07, atol=0, equal_nan=True, err_msg=""):
+            def flat(x):
+                if isinstance(x, (list, tuple)):
+                    return [y for v in x for y in flat(v)]
+                return [x]
+
+            a, d = flat(actual), flat(desired)
+            if len(a) != len(d):
+                if len(a) == 1:
+                    a = a * len(d)
+                elif len(d) == 1:
+                    d = d * len(a)
+                else:
+                    raise AssertionError(f"shapes differ: {actual!r} vs {desired!r}")
+            for x, y in zip(a, d):
+                if not all(isinstance(v, (int, float)) for v in (x, y)):
+                    raise AssertionError(f"not numbers: {x!r} vs {y!r} {err_msg}")
+                if x != x and y != y and equal_nan:
+                    continue
+                if not abs(x - y) <= atol + rtol * abs(y):
+                    raise AssertionError(f"not close: {x!r} vs {y!r} {err_msg}")
+'''
+
+
+def _without_numpy(node: ast.stmt) -> list[ast.stmt]:
+    """`import numpy as np` becomes the stand-in above; other statements stay."""
+    if isinstance(node, ast.Import) and any(a.name == "numpy" for a in node.names):
+        if [(a.name, a.asname) for a in node.names] != [("numpy", "np")]:
+            raise Skip("the test program imports numpy other than as np")
+        return ast.parse(NUMPY_STANDIN).body
+    return [node]
 
 
 def _parsed(test: str) -> str:

