@@ -442,3 +442,11 @@ def test_class_method_entry_points_and_the_preamble(exec_reward):
     assert with_preamble("import sys\n", code) == (
         "from __future__ import annotations\nimport sys\nimport os\nx: List[int] = []\n")
     assert with_preamble("", code) == code
+
+
+def test_a_datasets_folder_without_the_package_is_a_one_line_error(tmp_path, monkeypatch):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "dataset_info.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` fails
+    with pytest.raises(DataError, match="needs the datasets package: pip install datasets"):
+        load_tasks(str(tmp_path / "ds"))
