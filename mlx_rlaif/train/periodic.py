@@ -16,7 +16,8 @@ checkpoint are dropped (the resumed run does those steps again) and an evaluatio
 checkpoint's own step that has no row yet (a crash during it) runs first: no row is lost or
 written twice.
 
-Not covered: early stopping on the held-out score, evaluating with another reward than the run's.
+Not covered: early stopping on the held-out score, evaluating with another reward than the run's,
+the periodic evaluations' completions in the collected dataset (the before/after ones are).
 """
 
 from __future__ import annotations
