@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "validate": "validate",
     "sft": "sft",
     "migrate-config": "migrate_config",
+    "data": "data",
 }
 
 

@@ -27,6 +27,9 @@ class Task:
     - `test` + `entry_point`: HumanEval style, `test` defines `check(candidate)`;
     - `tests` with `{"args": [...], "expected": ...}` items: calls of `entry_point`;
     - `tests` with `{"stdin": "...", "stdout": "..."}` items: whole programs.
+    `entry_point` may name a method as `Class.method` (LeetCode style: called on one `Class()`).
+    `preamble` is Python put before the student's program (the imports a set's own checker
+    provides, e.g. APPS's and LiveCodeBench's).
     """
 
     id: str
@@ -37,6 +40,7 @@ class Task:
     tests: tuple[Mapping[str, Any], ...] = ()
     difficulty: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    preamble: str = ""
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,16 @@ class RecordingHub:
         self.samples: list[dict] = []
         self.messages: list[str] = []
         self.epochs: list[int] = []
+        self.evals: list[tuple[int, dict]] = []
 
     def log_step(self, step: int, metrics: dict) -> None:
         self.steps.append((step, dict(metrics)))
 
     def log_samples(self, step: int, samples: list[dict]) -> None:
         self.samples.extend(samples)
+
+    def log_eval(self, step: int, row: dict) -> None:
+        self.evals.append((step, dict(row)))
 
     def end_epoch(self, epoch: int) -> dict:
         self.epochs.append(epoch)

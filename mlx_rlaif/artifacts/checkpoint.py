@@ -11,10 +11,13 @@ Layout of a run directory (names follow the seed trainer):
         config.yaml                       the run's config
         training_stats.json               rolling trainer stats
         checkpoint_summary.json           epoch / batch / step, baseline reward, gain
+    RUN/checkpoints/best.json             with training.keep_best: the checkpoint with the best
+                                          periodic held-out score, its step and scores
 
 A checkpoint is written to `checkpoint-...tmp-<pid>` and renamed into place, so a directory named
 `checkpoint-*` without the `.tmp` suffix is always complete. `mlx_lm.generate --adapter-path DIR`
-loads one directly. Not covered: sharded adapters, full fine-tuning.
+loads one directly. Retention (`prune`) never deletes the best checkpoint. Not covered: sharded
+adapters, full fine-tuning.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import CheckpointError
-from .atomic import write_json
+from .atomic import write_json, write_json_atomic
 from .lora import adapter_weights
 
 ADAPTERS = "adapters.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 STATE = "state.json"
 OPTIMIZER = "optimizer.safetensors"
+BEST = "best.json"  # in RUN/checkpoints/: the checkpoint with the best held-out score
 _STEP = re.compile(r"gs(\d+)")
 
 
@@ -137,12 +141,36 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def prune(run_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints (keep <= 0: delete nothing)."""
-    found = list_checkpoints(run_dir)
+    """Delete all but the newest `keep` checkpoints (keep <= 0: delete nothing); the best one
+    (`mark_best`) is never deleted and does not count toward `keep`."""
+    best = best_checkpoint(run_dir)
+    found = [p for p in list_checkpoints(run_dir) if p != best]
     gone = found[:-keep] if keep > 0 else []
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
     return gone
+
+
+def mark_best(run_dir: Path, ckpt: Path, record: Mapping[str, Any]) -> None:
+    """Name `ckpt` the run's best checkpoint in checkpoints/best.json (written atomically), with
+    `record` (its step and held-out scores)."""
+    write_json_atomic(Path(run_dir) / "checkpoints" / BEST, {**record, "checkpoint": ckpt.name})
+
+
+def read_best(run_dir: Path) -> dict | None:
+    """checkpoints/best.json, when it names a complete checkpoint."""
+    path = Path(run_dir) / "checkpoints" / BEST
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ckpt = Path(run_dir) / "checkpoints" / str(record.get("checkpoint", ""))
+    return record if ckpt in list_checkpoints(run_dir) else None
+
+
+def best_checkpoint(run_dir: Path) -> Path | None:
+    record = read_best(run_dir)
+    return None if record is None else Path(run_dir) / "checkpoints" / record["checkpoint"]
 
 
 def clean_partial(run_dir: Path) -> None:

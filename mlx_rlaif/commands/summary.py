@@ -1,4 +1,5 @@
-"""`mlx-rlaif summary RUN_DIR`: a run's batch or epoch metrics as a table, CSV and PNG curves."""
+"""`mlx-rlaif summary RUN_DIR`: a run's batch, epoch or periodic evaluation metrics as a table, CSV
+and PNG curves, and the best checkpoint (training.keep_best) when the run has one."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ..artifacts import checkpoint
 from ..metrics import summary
 
 HELP = "Show a run's metrics (batches.jsonl / epochs.jsonl) as a table; export CSV or PNG curves."
@@ -21,9 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--type",
-        choices=("batch", "epoch"),
+        choices=("batch", "epoch", "eval"),
         default="batch",
-        help="Per-step records (batch) or per-epoch aggregates (epoch).",
+        help="Per-step records (batch), per-epoch aggregates (epoch) or the periodic "
+        "held-out evaluations (eval).",
     )
     parser.add_argument(
         "--tail",
@@ -60,4 +63,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         summary.plot(records, args.type, args.plot, title=str(args.run_dir))
         console.print(f"wrote {args.plot}")
+    best = checkpoint.read_best(args.run_dir)
+    if best is not None:
+        print(f"best checkpoint: {checkpoint.best_checkpoint(args.run_dir)} (step {best['step']}: "
+              f"held-out pass@1 {best['eval/pass@1']:.3f}, mean reward "
+              f"{best['eval/reward_mean']:.3f})")
     return 0

@@ -248,4 +248,10 @@ def check(cfg: Config) -> Config:
         raise ConfigError("rl.advantage = reinforce has no group baseline, so rl.scale = group "
                           "(a group's std) is undefined for it: set rl.scale to batch "
                           "(REINFORCE++) or none")
+    d = cfg.data
+    if d.eval_every and not d.eval_file:
+        raise ConfigError("data.eval_every needs held-out tasks: set data.eval_file")
+    if cfg.training.keep_best and not (d.eval_file and d.eval_every):
+        raise ConfigError("training.keep_best needs a periodic evaluation: set data.eval_file and "
+                          "data.eval_every")
     return cfg

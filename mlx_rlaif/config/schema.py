@@ -64,10 +64,17 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    train_file: str = opt("suite:synthetic-train", "Training tasks: a JSONL file or a shipped "
-                          "suite (suite:synthetic-train, suite:synthetic-eval, suite:humaneval).")
-    eval_file: str = opt("", "Held-out tasks, evaluated before training and at the end of the "
-                         "run (pass@1 and mean reward, in eval.json; optional).")
+    train_file: str = opt("suite:synthetic-train", "Training tasks: a JSONL file, a Parquet file "
+                          "or datasets.save_to_disk folder of task records, or a shipped suite "
+                          "(suite:synthetic-train, suite:synthetic-eval, suite:humaneval).")
+    eval_file: str = opt("", "Held-out tasks (the same kinds of source as train_file), evaluated "
+                         "before training and at the end of the run (pass@1 and mean reward, in "
+                         "eval.json; optional).")
+    eval_every: int = opt(0, "Also evaluate the held-out tasks every N steps (0: off): pass@1 and "
+                          "mean reward to eval.jsonl, TensorBoard (eval/*) and the dashboard.",
+                          _nonneg)
+    eval_max_tasks: int = opt(0, "The periodic evaluation uses at most this many held-out tasks, "
+                              "the same seeded subset each time (0: all).", _nonneg)
     eval_samples: int = opt(1, "Completions sampled per held-out task (pass@1 averages them).",
                             _pos)
     eval_temperature: float = opt(0.7, "Sampling temperature of the held-out evaluations.",
@@ -87,6 +94,14 @@ class DataConfig:
     curriculum_floor: float = opt(0.05, "Weight every bucket keeps, so none starves.", _nonneg)
     curriculum_rate: float = opt(0.3, "EMA rate of a bucket's pass rate per step it is seen.",
                                  _unit)
+    decontaminate_against: str = opt("", "Drop the training tasks that overlap these tasks (a task "
+                                     "file or suite:NAME; usually the eval set): n-gram overlap of "
+                                     "prompts or reference solutions, or equal tests (see "
+                                     "`mlx-rlaif data overlap`).")
+    decontaminate_ngram: int = opt(8, "Tokens per n-gram of the decontamination.", _pos)
+    decontaminate_threshold: float = opt(0.5, "Share of shared n-grams at which a training task "
+                                         "counts as overlapping.", lambda v: 0 < v <= 1,
+                                         "use a number in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -230,6 +245,9 @@ class TrainingConfig:
     save_every_batches: int = opt(0, "Checkpoint every N steps (0: off).", _nonneg)
     save_every_epochs: int = opt(1, "Checkpoint at the end of every N epochs (0: off).", _nonneg)
     save_total_limit: int = opt(3, "Keep only the newest N checkpoints (0: keep all).", _nonneg)
+    keep_best: bool = opt(False, "Keep the checkpoint with the best periodic held-out pass@1 "
+                          "(ties: mean reward) beside the newest ones, never pruned; named in "
+                          "checkpoints/best.json (needs data.eval_file and data.eval_every).")
     save_mlx_model_bits: int = opt(0, "Also write each checkpoint's fused model to mlx_model/: "
                                    "0 off, 16 unquantized, 4 or 8 quantized.",
                                    lambda v: v in (0, 4, 8, 16), "use 0, 4, 8 or 16")

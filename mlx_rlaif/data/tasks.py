@@ -1,9 +1,11 @@
 """Tasks: JSONL files or shipped suites, and a deterministic, resumable order.
 
 A task line is a JSON object with `prompt` (required), `language` (default python), and optional
-`id`, `entry_point`, `test`, `tests`, `difficulty`; other fields are kept in `Task.meta`. The seed
-trainer's `{"prompt", "language"}` lines load unchanged. A malformed line is reported as
-file:line. `suite:NAME` names a suite shipped with the package (see mlx_rlaif/data/suites).
+`id`, `entry_point`, `test`, `tests`, `difficulty`, `preamble`; other fields are kept in
+`Task.meta`. The seed trainer's `{"prompt", "language"}` lines load unchanged. A malformed line is
+reported as file:line. `suite:NAME` names a suite shipped with the package (see
+mlx_rlaif/data/suites); a Parquet file or a `datasets.save_to_disk` folder of such records loads
+too (sources.py).
 
 Order: epoch e visits the tasks in `permutation(seed, e)`; a cursor counts the tasks consumed in
 the current epoch, so a checkpoint's (epoch, cursor) continues the exact sequence.
@@ -23,10 +25,11 @@ import numpy as np
 
 from ..errors import DataError
 from ..records import Task
+from .sources import read_records
 
 LANGUAGES = ("python", "cpp", "rust")
 _LANG_ALIASES = {"py": "python", "python3": "python", "c++": "cpp", "cxx": "cpp", "rs": "rust"}
-_FIELDS = ("id", "prompt", "language", "entry_point", "test", "tests", "difficulty")
+_FIELDS = ("id", "prompt", "language", "entry_point", "test", "tests", "difficulty", "preamble")
 
 
 def read_jsonl(path: str | Path) -> list[tuple[str, dict]]:
@@ -62,7 +65,7 @@ def task_from_record(rec: dict[str, Any], where: str) -> Task:
     tests = rec.get("tests") or ()
     if not isinstance(tests, (list, tuple)) or not all(isinstance(t, dict) for t in tests):
         raise DataError(f"{where}: 'tests' must be a list of objects")
-    for key in ("entry_point", "test", "difficulty"):
+    for key in ("entry_point", "test", "difficulty", "preamble"):
         if rec.get(key) is not None and not isinstance(rec[key], str):
             raise DataError(f"{where}: '{key}' must be a string")
     tid = rec.get("id", rec.get("task_id"))
@@ -70,6 +73,7 @@ def task_from_record(rec: dict[str, Any], where: str) -> Task:
         id=str(tid) if tid is not None else where.rsplit("/", 1)[-1],
         prompt=prompt, language=lang, entry_point=rec.get("entry_point"),
         test=rec.get("test"), tests=tuple(tests), difficulty=rec.get("difficulty"),
+        preamble=rec.get("preamble") or "",
         meta={k: v for k, v in rec.items() if k not in _FIELDS and k != "task_id"},
     )
 
@@ -83,6 +87,8 @@ def load_tasks(spec: str, languages: Iterable[str] = (), max_tasks: int = 0,
 
         name = spec.split(":", 1)[1]
         records = [(f"{spec}#{i + 1}", r) for i, r in enumerate(load_suite(name))]
+    elif Path(spec).is_dir() or spec.endswith(".parquet"):
+        records = read_records(spec)
     else:
         records = read_jsonl(spec)
     tasks = [task_from_record(r, w) for w, r in records]

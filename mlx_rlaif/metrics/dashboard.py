@@ -5,7 +5,8 @@ second, so `step()` on the training thread only stores numbers (rendering stays 
 It shows progress and ETA; reward mean, best, baseline and a sparkline trend; KL, loss, clip
 fraction, entropy; generation and training tokens/s and the step time split; memory; teacher
 calls, cost and cache hits (when a teacher runs); the judge against the exec reward (reward
-type mix: rank correlation, best-answer disagreement, failing-over-passing pairs); the latest completion with its scores, reason
+type mix: rank correlation, best-answer disagreement, failing-over-passing pairs); the periodic
+held-out evaluation (latest, best, trend); the latest completion with its scores, reason
 and rationale; the last health check. Messages and health lines print above the live panel, so
 they stay in the terminal's scrollback. `PlainPrinter` writes one line per
 `log_every` steps (step, reward, KL, loss, clip fraction, tokens/s) for pipes, CI and
@@ -77,6 +78,7 @@ class DashboardState:
     ema: float | None = None
     sample: dict[str, Any] | None = None
     health: HealthReport | None = None
+    evals: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (step, eval row)
 
     def eta(self, now: float) -> float | None:
         """Seconds left: the mean time per step so far times the steps left, less the time
@@ -147,6 +149,8 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
             f"{fmt(m.get('memory/rss_gb'), '.2f')} GB",
         ),
     ]
+    if s.evals:
+        rows.append(("Held-out", eval_text(s.evals)))
     if any(k.startswith("teacher/") for k in m):
         rows.append(
             (
@@ -175,6 +179,25 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
         rows.append(("Turns", f"mean {fmt(m.get('turns/mean'), '.2f')} answers  pass "
                      + "  ".join(f"after {k}: {fmt(v, '.0%')}" for k, v in passes)))
     return rows
+
+
+def eval_text(evals: Sequence[tuple[int, Mapping[str, Any]]]) -> str:
+    """The latest periodic evaluation, the best so far and the pass@1 trend."""
+    step, row = evals[-1]
+    best_step, best = max(evals, key=lambda e: finite(e[1].get("eval/pass@1")) or -1.0)
+    trend = sparkline([finite(r.get("eval/pass@1")) or 0.0 for _, r in evals])
+    return (f"pass@1 [bold]{fmt(row.get('eval/pass@1'))}[/] mean reward "
+            f"{fmt(row.get('eval/reward_mean'))} at step {step}  best "
+            f"{fmt(best.get('eval/pass@1'))} (step {best_step})  [cyan]{trend}[/]")
+
+
+def eval_line(step: int, row: Mapping[str, Any]) -> str:
+    """`held-out eval at step 20 (10 tasks x 2): pass@1 0.350, mean reward 0.512 [best]`"""
+    size = (f" ({fmt(row.get('eval/tasks'), '.0f')} tasks x "
+            f"{fmt(row.get('eval/samples_per_task'), '.0f')})")
+    mark = " [new best]" if row.get("new_best") else ""
+    return (f"held-out eval at step {step}{size}: pass@1 {fmt(row.get('eval/pass@1'))}, mean "
+            f"reward {fmt(row.get('eval/reward_mean'))}{mark}")
 
 
 def _time_split(m: Mapping[str, Any]) -> str:
@@ -248,7 +271,8 @@ class Dashboard:
 
     def _render(self) -> RenderableType:
         with self._lock:  # copy under the lock, render outside it: step() never waits on rich
-            snapshot = replace(self._state, rewards=deque(self._state.rewards))
+            snapshot = replace(self._state, rewards=deque(self._state.rewards),
+                               evals=list(self._state.evals))
         return render(snapshot)
 
     def restore(self, records: Sequence[Mapping[str, Any]]) -> None:
@@ -282,6 +306,11 @@ class Dashboard:
         with self._lock:
             self._state.health = report
         self.console.print(report.line, markup=False, highlight=False)
+
+    def evaluation(self, step: int, row: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._state.evals.append((step, dict(row)))
+        self.console.print(eval_line(step, row), markup=False, highlight=False)
 
     def message(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False)
@@ -324,6 +353,9 @@ class PlainPrinter:
 
     def health(self, report: HealthReport) -> None:
         self._print(report.line)
+
+    def evaluation(self, step: int, row: Mapping[str, Any]) -> None:
+        self._print(eval_line(step, row))
 
     def message(self, text: str) -> None:
         self._print(text)

@@ -1,7 +1,8 @@
 """MetricsHub: the one object the training loop talks to. It receives plain numbers and records,
 keeps the rolling stats, runs the health checks, and fans everything out to the sinks:
 
-- JSONL (always): `batches.jsonl`, `epochs.jsonl`, `samples.jsonl`, `health.jsonl`;
+- JSONL (always): `batches.jsonl`, `epochs.jsonl`, `samples.jsonl`, `health.jsonl`,
+  `eval.jsonl` (the periodic held-out evaluations);
 - TensorBoard (`logging.tensorboard`): `tensorboard/`;
 - the live dashboard (a terminal and `logging.dashboard`), else plain lines;
 - the collected dataset (`logging.collect_dataset`): `datasets/{split}.jsonl` + `README.md`.
@@ -88,7 +89,7 @@ class MetricsHub:
         self._baseline: tuple[float, str] | None = None
         self._files = {
             name: JsonlWriter(run_dir / f"{name}.jsonl", append=resume)
-            for name in ("batches", "epochs", "samples", "health")
+            for name in ("batches", "epochs", "samples", "health", "eval")
         }
         self.run_stats = RunStats()
         self._window: deque = deque(maxlen=cfg.health_check_interval_batches)
@@ -195,6 +196,15 @@ class MetricsHub:
             self.dataset.add(stamped)
         self._epoch_samples += sum(1 for s in samples if s.get("split", "train") == "train")
         self.view.samples(stamped)
+
+    def log_eval(self, step: int, row: Mapping[str, Any]) -> None:
+        """One periodic held-out evaluation (`eval/*` numbers): eval.jsonl, TensorBoard and a
+        line on the dashboard or the plain log."""
+        record = {"step": step, "timestamp": _now(), **row}
+        self._files["eval"].write(record)
+        if self.tb is not None:
+            self.tb.scalars(step, {k: v for k, v in row.items() if k.startswith("eval/")})
+        self.view.evaluation(step, row)
 
     def end_epoch(self, epoch: int) -> dict[str, float]:
         """Aggregate the steps since the previous epoch end; written to epochs.jsonl and

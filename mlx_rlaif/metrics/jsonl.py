@@ -1,9 +1,10 @@
 """JSON Lines files: the run's source of truth (`batches.jsonl`, `epochs.jsonl`, `samples.jsonl`,
-`health.jsonl`), written one flushed line per record and read back tolerantly.
+`health.jsonl`, `eval.jsonl`), written one flushed line per record and read back tolerantly.
 
 Covered: strict JSON out (NaN and infinities become null, so any JSON reader accepts the file),
-append on resume, reading that skips a torn last line left by a crash, and de-duplication of
-steps a resumed run did again (the later record wins). Not covered: rotation or compression.
+append on resume, reading that skips a torn last line left by a crash, de-duplication of steps a
+resumed run did again (the later record wins) and trimming a file back to a resumed step.
+Not covered: rotation or compression.
 """
 
 from __future__ import annotations
@@ -102,6 +103,16 @@ def read_jsonl(path: Path) -> list[dict]:
         if isinstance(record, dict):
             out.append(record)
     return out
+
+
+def trim_after(path: Path, key: str, last: int) -> int:
+    """Rewrite `path` (atomically) without the records whose `key` is above `last`, e.g. the
+    evaluations of steps a resumed run does again; returns how many were dropped."""
+    records = read_jsonl(path)
+    keep = [r for r in records if not (isinstance(r.get(key), int) and r[key] > last)]
+    if len(keep) < len(records):
+        atomic_write(path, "".join(dumps(r) + "\n" for r in keep))
+    return len(records) - len(keep)
 
 
 def last_per_key(records: Iterable[dict], key: str) -> list[dict]:

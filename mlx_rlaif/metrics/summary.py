@@ -1,9 +1,10 @@
 """A finished (or running) run's JSONL as a table, a CSV file and PNG curves, for
 `mlx-rlaif summary`.
 
-Covered: batch and epoch records (steps a resumed run did again appear once, the later record
-winning), a table of the last N records with the columns that exist, a CSV of every key, and a
-2x2 figure (reward with min/max band and baseline, KL, loss, throughput). matplotlib is imported
+Covered: batch, epoch and periodic held-out evaluation records (steps a resumed run did again
+appear once, the later record winning), a table of the last N records with the columns that
+exist, a CSV of every key, and a 2x2 figure (reward with min/max band and baseline, KL, loss,
+throughput; for evaluations one panel of pass@1 and mean reward). matplotlib is imported
 only for the plot. Not covered: comparing several runs in one figure.
 """
 
@@ -21,7 +22,8 @@ from ..errors import UsageError
 from .jsonl import atomic_write, last_per_key, read_jsonl
 from .stats import finite
 
-FILES = {"batch": ("batches.jsonl", "step"), "epoch": ("epochs.jsonl", "epoch")}
+FILES = {"batch": ("batches.jsonl", "step"), "epoch": ("epochs.jsonl", "epoch"),
+         "eval": ("eval.jsonl", "step")}
 
 COLUMNS = {
     "batch": (
@@ -58,6 +60,8 @@ COLUMNS = {
         "teacher/cost_usd",
         "duration_s",
     ),
+    "eval": ("step", "eval/pass@1", "eval/reward_mean", "eval/tasks", "eval/samples_per_task",
+             "new_best"),
 }
 
 
@@ -68,7 +72,8 @@ def load(run_dir: Path, kind: str) -> list[dict]:
     if not path.is_file():
         raise UsageError(
             f"{path} not found: pass a run directory (training.output_dir) that "
-            f"has {name}" + (" (epochs are written at each epoch end)" if kind == "epoch" else "")
+            f"has {name}" + {"epoch": " (epochs are written at each epoch end)",
+                             "eval": " (written with data.eval_every)"}.get(kind, "")
         )
     return last_per_key(read_jsonl(path), key)
 
@@ -135,6 +140,7 @@ PANELS = (
     ("Loss", ("loss/total", "loss/policy", "loss/kl")),
     ("Throughput (tokens/s)", ("gen/tokens_per_sec", "train/tokens_per_sec")),
 )
+EVAL_PANELS = (("Held-out evaluation", ("eval/pass@1", "eval/reward_mean")),)
 
 
 def plot(records: Sequence[Mapping], kind: str, path: Path, title: str = "") -> None:
@@ -150,8 +156,10 @@ def plot(records: Sequence[Mapping], kind: str, path: Path, title: str = "") -> 
             "--plot needs matplotlib: pip install matplotlib (or mlx-rlaif[dev])"
         ) from None
     x_key = FILES[kind][1]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
-    for ax, (name, keys) in zip(axes.flat, PANELS, strict=True):
+    panels = EVAL_PANELS if kind == "eval" else PANELS
+    shape, size = ((1, 1), (7, 4.5)) if kind == "eval" else ((2, 2), (11, 7))
+    fig, axes = plt.subplots(*shape, figsize=size, constrained_layout=True, squeeze=False)
+    for ax, (name, keys) in zip(axes.flat, panels, strict=True):
         for key in keys:
             xs, ys = series(records, x_key, key)
             if xs:

@@ -1,9 +1,10 @@
 """TensorBoard sink (tensorboardX): the seed trainer's tag names where they exist, plus every
 namespaced key as it is (`policy/clipfrac`, `reward/frac_zero_std`, `kl/sample_train`, ...).
 
-Covered: step scalars (one event per step), derived seed tags (`Train/RewardVariance`, cumulative token totals), epoch
-tags, hyperparameters once (HParams plugin and a text table), and `purge_step` on resume so steps
-a resumed run does again replace the old ones. Not covered: histograms, images, the seed's
+Covered: step scalars (one event per step), derived seed tags (`Train/RewardVariance`,
+cumulative token totals), epoch tags, the periodic held-out evaluation's `eval/*` scalars,
+hyperparameters once (HParams plugin and a text table), and `purge_step` on resume so steps a
+resumed run does again replace the old ones. Not covered: histograms, images, the seed's
 `Scoring/*` fixed weights and GPU utilisation proxies.
 """
 
@@ -175,6 +176,11 @@ class TensorBoardSink:
     def step(self, step: int, metrics: Mapping[str, Any], stats: RunStats) -> None:
         self._open(step)
         self._write(step_scalars(metrics, stats), step)
+
+    def scalars(self, step: int, values: Mapping[str, Any]) -> None:
+        """Extra scalars at `step` under their own tags (the periodic `eval/*`)."""
+        self._open(step + 1)  # a resumed run's first write: keep the steps before this one
+        self._write({k: x for k, v in values.items() if (x := finite(v)) is not None}, step)
 
     def epoch(self, epoch: int, agg: Mapping[str, Any], stats: RunStats) -> None:
         self._open(None)

@@ -1,5 +1,6 @@
-"""The loop over steps: the data order and cursor, the baseline reward, Ctrl-C, logging and
-checkpoints, until `steps` steps are done or a stop (a teacher's 401/403, the budget, Ctrl-C).
+"""The loop over steps: the data order and cursor, the baseline reward, Ctrl-C, logging,
+checkpoints and the periodic held-out evaluation (periodic.py), until `steps` steps are done or a
+stop (a teacher's 401/403, the budget, Ctrl-C).
 
 Not covered: the step's contents (step.py), setting up a run (trainer.py).
 """
@@ -10,7 +11,7 @@ import contextlib
 import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -22,11 +23,14 @@ from ..data import TaskOrder
 from ..data.curriculum import Stream
 from ..errors import TeacherError
 from ..records import Reward, Rollout, Task
+from .periodic import periodic_eval
 from .run import Run, maybe_save, save, saved_at
 from .step import rl_step, sample_records, score, step_seed
 
 
-def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
+def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
+         eval_tasks: Sequence[Task] = ()) -> None:
+    """Steps until `steps`; `eval_tasks`: held-out tasks of the periodic evaluation."""
     cfg = run.cfg
     order = TaskOrder(len(tasks), cfg.training.seed, cfg.data.shuffle)
     P = prompts_per_step(cfg)
@@ -62,6 +66,8 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
         if epoch_end:
             hub.end_epoch(s.epoch + 1)
         maybe_save(run, hub, s.epoch + 1, s.cursor // P + 1, epoch_end)
+        if not run.stop:
+            periodic_eval(run, eval_tasks, hub, s.epoch + 1, s.cursor // P + 1)
         if run.stop:
             break
         if time.monotonic() >= deadline:

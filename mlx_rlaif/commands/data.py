@@ -1,0 +1,161 @@
+"""`mlx-rlaif data convert|overlap`: public code sets into task files, and overlap between a
+training and an evaluation task file.
+
+    data convert --from mbpp|mbpp-plus|apps|taco|codecontests|livecodebench|humaneval IN
+        --out OUT.jsonl [--language python|cpp|rust] [--id-prefix P] [--max-tests N] [--check]
+    data overlap TRAIN EVAL [--n 8] [--threshold 0.5] [--json REPORT.json] [--show N]
+
+`convert` reads IN (JSONL, Parquet or a `datasets.save_to_disk` folder in the set's published
+layout), writes OUT.jsonl whole or not at all, and lists every record it skipped with the
+reason, also in OUT.skipped.jsonl. With `--check` each task's reference solution runs through
+the exec reward (reward.exec settings from --config/--set) and a task whose reference fails
+is skipped too. `overlap` reads any two task specs `load_tasks` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import UsageError
+
+HELP = "Convert public code sets (MBPP, APPS, ...) into task files; check train/eval overlap."
+SHOWN = 20  # skipped records and matches printed (all are in the files)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..data.convert import LANGUAGES, SETS
+
+    sub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+    c = sub.add_parser("convert", help="a set's published records into our task JSONL")
+    c.add_argument("--from", dest="source", required=True, choices=list(SETS),
+                   help="the set whose Hugging Face layout IN has")
+    c.add_argument("input", metavar="IN", help="JSONL, Parquet, or a save_to_disk folder")
+    c.add_argument("--out", required=True, type=Path, metavar="OUT.jsonl")
+    c.add_argument("--language", default="python", choices=list(LANGUAGES),
+                   help="language of stdin/stdout tasks (function tasks are Python)")
+    c.add_argument("--id-prefix", default=None, help="task ids are PREFIX/<the set's id> "
+                   "(default: the set's name)")
+    c.add_argument("--max-tests", type=int, default=0, metavar="N",
+                   help="keep at most N tests per task (0: all)")
+    c.add_argument("--check", action="store_true",
+                   help="run each reference solution through the exec reward; skip failures")
+    c.add_argument("--config", help="YAML config whose reward.exec settings --check uses")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    c.set_defaults(_data=run_convert)
+    o = sub.add_parser("overlap", help="n-gram overlap of prompts and solutions, duplicate tests")
+    o.add_argument("train", metavar="TRAIN", help="training tasks (JSONL, suite:NAME, ...)")
+    o.add_argument("eval", metavar="EVAL", help="evaluation tasks")
+    o.add_argument("--n", type=int, default=8, help="tokens per n-gram (default 8)")
+    o.add_argument("--threshold", type=float, default=0.5,
+                   help="flag a pair at this share of shared n-grams (default 0.5)")
+    o.add_argument("--json", type=Path, metavar="REPORT.json", help="write the full report")
+    o.add_argument("--show", type=int, default=SHOWN, metavar="N", help="table rows (0: all)")
+    o.set_defaults(_data=run_overlap)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args._data(args) or 0)
+
+
+# --- convert ------------------------------------------------------------------------------------
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from ..data.convert import Options, convert
+    from ..data.sources import read_records
+
+    if args.max_tests < 0:
+        raise UsageError("--max-tests must be 0 (all) or more")
+    if args.out.suffix != ".jsonl":
+        raise UsageError(f"--out {args.out}: write a .jsonl file")
+    opts = Options(args.language, args.id_prefix, args.max_tests)
+    records = read_records(args.input)
+    done = convert(args.source, records, opts)
+    if args.check:
+        check_solutions(done, args.config, args.set)
+    write_lines(args.out, done.tasks)
+    skipped_path = args.out.with_name(args.out.stem + ".skipped.jsonl")
+    if done.skipped:
+        write_lines(skipped_path, done.skipped)
+    else:
+        skipped_path.unlink(missing_ok=True)
+    print(f"{args.source}: {len(records)} records -> {len(done.tasks)} tasks in {args.out}; "
+          f"{len(done.skipped)} skipped")
+    for reason, n in done.reasons().items():
+        print(f"  skipped {n}: {reason}")
+    for s in done.skipped[:SHOWN]:
+        print(f"  {s['id']}: {s['reason']}")
+    if done.skipped:
+        print(f"all skipped records, with the reason: {skipped_path}")
+    return 0
+
+
+def check_solutions(done, config: str | None, overrides: list[str]) -> None:
+    """Run every reference solution through the exec reward; a task whose reference does not
+    pass all its tests moves to `done.skipped`. Tasks without a reference stay."""
+    from ..config import load
+    from ..data import task_from_record
+    from ..rewards.exec import ExecReward
+
+    cfg = load(config, overrides)
+    pairs = [(rec, task_from_record(rec, rec["id"])) for rec in done.tasks]
+    checked = [(rec, t) for rec, t in pairs if isinstance(rec.get("solution"), str)]
+    reward = ExecReward(cfg.reward.exec, languages={t.language for _, t in checked} or None)
+    try:
+        results = reward.score([t for _, t in checked], [rec["solution"] for rec, _ in checked])
+    finally:
+        reward.close()
+    failed = {}
+    for (rec, _), r in zip(checked, results, strict=True):
+        ok = r.value is not None and r.details.get("passed") == r.details.get("total")
+        if not ok:
+            failed[rec["id"]] = f"the reference solution fails here: {r.reason}"[:300]
+    done.skipped += [{"id": rec["id"], "where": "--check", "reason": failed[rec["id"]]}
+                     for rec in done.tasks if rec["id"] in failed]
+    done.tasks = [rec for rec in done.tasks if rec["id"] not in failed]
+    print(f"--check: {len(checked)} reference solutions run, {len(failed)} failed, "
+          f"{len(pairs) - len(checked)} tasks have none")
+
+
+def write_lines(path: Path, records: list[dict]) -> None:
+    from ..metrics.jsonl import atomic_write
+
+    atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+# --- overlap ------------------------------------------------------------------------------------
+
+
+def run_overlap(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..data import load_tasks
+    from ..data.overlap import find_overlaps, report
+
+    if args.n < 1 or not 0 < args.threshold <= 1:
+        raise UsageError("--n must be at least 1 and --threshold in (0, 1]")
+    train, evals = load_tasks(args.train), load_tasks(args.eval)
+    matches = find_overlaps(train, evals, args.n, args.threshold)
+    rep = {"train": args.train, "eval": args.eval,
+           **report(train, evals, matches, args.n, args.threshold)}
+    shown = matches if args.show <= 0 else matches[: args.show]
+    table = Table(title=f"{len(shown)} of {len(matches)} overlaps ({args.n}-grams, threshold "
+                        f"{args.threshold})")
+    for col in ("train task", "eval task", "field", "score"):
+        table.add_column(col)
+    for m in shown:
+        table.add_row(m.train_id, m.eval_id, m.field, f"{m.score:.2f}")
+    console = Console() if Console().is_terminal else Console(width=200)
+    console.print(table)
+    fields = ", ".join(f"{f} {n}" for f, n in rep["by_field"].items())
+    print(f"{rep['flagged_train_tasks']} of {len(train)} training tasks overlap the "
+          f"{len(evals)} evaluation tasks ({fields})")
+    if args.json:
+        from ..metrics.jsonl import atomic_write
+
+        atomic_write(args.json, json.dumps(rep, indent=2) + "\n")
+        print(f"report: {args.json}")
+    return 0
