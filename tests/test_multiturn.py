@@ -178,3 +178,29 @@ def test_eval_reports_pass_after_turn_one_and_after_turn_k(tmp_path):
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 3 and all("correct_turn1" in r and r["correct_turn1"] <= 2 for r in rows)
     assert all(1 <= t <= 2 for r in rows for t in r["turns"])
+
+
+def test_single_turn_eval_on_hidden_tests_scores_only_those(tmp_path):
+    """The single-turn baseline of a K-turn evaluation (`eval --hidden-tests`): an answer right
+    on the hidden tests (a + b for 0 + 5 and 7 + 1) but wrong on the visible ones passes there
+    and fails on all the tests."""
+    from types import SimpleNamespace
+
+    from mlx_rlaif.records import Rollout
+    from mlx_rlaif.train.evaluate import evaluate_tasks
+
+    answer = "def add(a, b):\n    return a + b if a in (0, 7) else 0\n"
+
+    def sample(policy, tasks, params, n, fmt, seed):
+        return ([Rollout(t, (1,), (2,), (0.0,), answer, "stop", 1.0) for t in tasks
+                 for _ in range(n)], {"gen/tokens": 3.0 * n, "gen/seconds": 1.0})
+
+    policy = SimpleNamespace(tokenizer=SimpleNamespace(apply_chat_template=None))
+    reward = ExecReward(ExecConfig(workers=1))
+    try:
+        res = {h: evaluate_tasks(sample, policy, [ADD], reward, load(None), n=2,
+                                 hidden_tests=h) for h in (False, True)}
+    finally:
+        reward.close()
+    assert res[True]["pass@1"] == 1.0 and res[False]["pass@1"] == 0.0
+    assert res[True]["gen_tokens"] == 6.0

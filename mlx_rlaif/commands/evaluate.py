@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="answers per conversation: after a failed answer the exec reward's "
                         "report on the visible tests is the next user turn; pass@1 is then "
                         "reported after turn 1 and after turn K, on the hidden tests")
+    p.add_argument("--hidden-tests", action="store_true",
+                   help="score on the hidden tests only (those --turns K keeps out of the "
+                        "feedback): the single-turn pass@k to set beside --turns K")
     p.add_argument("--config", help="YAML config for generation/reward settings")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
 
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         ops = mlx_ops()
         res = evaluate_tasks(ops.sample, policy, tasks, reward_fn, cfg, n=args.n, ks=ks,
                              seed=args.seed, temperature=temp, out=args.out, turns=args.turns,
-                             converse=ops.converse)
+                             converse=ops.converse, hidden_tests=args.hidden_tests)
     finally:
         reward_fn.close()
     table = Table(title=f"{args.suite}: {res['n_tasks']} tasks x {args.n} samples, T={temp}")
@@ -88,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(f"pass@1 after turn {args.turns}", f"{res['pass@1']:.3f}")
         table.add_row("answers per conversation", f"{res['turns_mean']:.2f}")
     table.add_row("mean reward", f"{res['reward_mean']:.3f}")
+    table.add_row("generated tokens per task", f"{res['gen_tokens'] / res['n_tasks']:.1f}")
     table.add_row("generation tokens/s", f"{res['gen_tokens_per_sec']:.1f}")
     Console().print(table)
     print(f"per-task results: {args.out}")

@@ -43,14 +43,15 @@ def evaluate_tasks(sample: Sample, policy: Any, tasks: Sequence[Task], reward_fn
                    temperature: float | None = None, batch_size: int = 8,
                    out: str | Path | None = None,
                    on_scored: Callable[[list[Rollout], list[Reward]], None] | None = None,
-                   turns: int = 1, converse: Callable[..., Any] | None = None
-                   ) -> dict[str, Any]:
+                   turns: int = 1, converse: Callable[..., Any] | None = None,
+                   hidden_tests: bool = False) -> dict[str, Any]:
     """Score n samples of every task, drawn by the backend's `sample` (`backends.ops.Ops`);
     returns pass@k, mean reward, tokens/s and per-task rows. `on_scored(rollouts, rewards)` sees
     each scored chunk (the trainer keeps them as dataset records). With `turns` > 1 each sample
     is a conversation (the backend's `converse`, the exec reward's feedback between answers):
     its last answer and its first one are both scored on the hidden tests, pass@1 after turn K
-    and `pass@1_turn1`."""
+    and `pass@1_turn1`. `hidden_tests` scores single answers on those hidden tests too (the
+    single-turn baseline of a multi-turn evaluation)."""
     params = SamplingParams.from_config(cfg.generation)
     if temperature is not None:
         params = replace(params, temperature=temperature)
@@ -67,8 +68,8 @@ def evaluate_tasks(sample: Sample, policy: Any, tasks: Sequence[Task], reward_fn
             rollouts, stats = sample(policy, chunk, params, n, fmt, first_seed)
         tokens += stats["gen/tokens"]
         seconds += stats["gen/seconds"]
-        hidden = ([r.task for r in rollouts] if turns == 1
-                  else hidden_tasks(rollouts, cfg.generation.visible_tests))
+        hidden = (hidden_tasks(rollouts, cfg.generation.visible_tests)
+                  if turns > 1 or hidden_tests else [r.task for r in rollouts])
         rewards = reward_fn.score(hidden, [r.text for r in rollouts])
         firsts = (reward_fn.score(hidden, [r.turns[0].text for r in rollouts]) if turns > 1
                   else None)
@@ -80,6 +81,7 @@ def evaluate_tasks(sample: Sample, policy: Any, tasks: Sequence[Task], reward_fn
             rows.append(_row(task, group, firsts[part] if firsts else None))
     result = summarize(rows, n, ks)
     result["gen_tokens_per_sec"] = tokens / seconds if seconds else 0.0
+    result["gen_tokens"] = tokens
     result["temperature"] = params.temperature
     if out is not None:
         _write_rows(Path(out), rows)
