@@ -166,3 +166,38 @@ def test_scoring_while_decoding_gives_the_rewards_scoring_after_gives(tmp_path, 
     wb = mx.load(str(checkpoint.latest_checkpoint(b) / checkpoint.ADAPTERS))
     for k in wa:
         np.testing.assert_array_equal(np.array(wb[k]), np.array(wa[k]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reward", ["teacher", "mix"])
+def test_dynamic_sampling_works_with_a_judge(tmp_path, reward):
+    """Signal read from a judge's scores (a scripted judge through the real openai SDK on a
+    local server, scoring by correctness), alone or mixed with the exec reward; groups scored
+    while the rest decode."""
+    import scripted_judges as sj
+    from fake_api import FakeAPI
+
+    from mlx_rlaif.data import load_tasks
+
+    tasks = load_tasks("suite:synthetic-train", languages=["python"], difficulties=["easy"])
+    oracle = sj.Oracle(tasks)
+    try:
+        with FakeAPI() as srv:
+            srv.responder = sj.responder(sj.control(oracle))
+            hub = RecordingHub()
+            train(load(None, [
+                f"training.output_dir={tmp_path / 'run'}", "training.max_steps=2",
+                "data.languages=[python]", "data.difficulties=[easy]", "data.eval_file=",
+                "rl.dynamic_sampling=true", "training.batch_size=2",
+                "generation.num_samples_per_prompt=4", "generation.max_new_tokens=48",
+                "logging.tensorboard=false", "logging.collect_dataset=false",
+                f"reward.type={reward}", "reward.teacher.provider=openai",
+                "reward.teacher.model=judge", f"reward.teacher.base_url={srv.openai_url}",
+                "reward.teacher.reference=false", "reward.teacher.concurrency=8"]), hub=hub)
+            assert srv.hits() > 0
+    finally:
+        oracle.close()
+    assert len(hub.steps) == 2
+    for _, m in hub.steps:
+        assert m["reward/frac_zero_std"] == 0.0 and m["sample/groups_kept"] >= 1
+        assert m["teacher/calls"] > 0
