@@ -76,9 +76,9 @@ def cli(*args: str, log: Path | None = None) -> None:
 
 
 def model_hash() -> dict[str, str]:
-    from mlx_rlaif.assets import builtin_path
+    from mlx_rlaif.assets import resolve_model
 
-    root = Path(builtin_path(MODEL))
+    root = Path(resolve_model(MODEL))
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.iterdir()) if p.is_file() and p.suffix in
             {".safetensors", ".json"}}
