@@ -2,7 +2,8 @@
 
 Choosing a mode and probing bubblewrap; bubblewrap's mount layout; the macOS seatbelt profile;
 which interpreter and toolchain paths an unprivileged uid can reach; the pool of sandbox uids
-used when running as root, and killing every process of one of them.
+used when running as root, killing every process of one of them and removing what it left in
+the world-writable directories.
 
 Not covered: cgroups (no memory or pid accounting across processes beyond rlimits).
 """
@@ -206,6 +207,29 @@ def kill_uid(uid: int) -> None:
         subprocess.run([helper, "-KILL", "-1"],
                        user=uid, group=uid, extra_groups=[], stdin=subprocess.DEVNULL,
                        capture_output=True, cwd="/", env={}, check=False)
+
+
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: process mode cannot block them
+
+
+def remove_owned(uid: int, dirs: Sequence[str] = SHARED_DIRS) -> None:
+    """Remove what `uid` left directly in the world-writable directories (we are root, its
+    processes are gone; rmtree does not follow symlinks)."""
+    for d in dirs:
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                else:
+                    os.unlink(e.path)
+            except OSError:
+                continue
 
 
 def seatbelt_profile(ro_paths: Sequence[str], box_host: Path) -> str:
