@@ -17,6 +17,7 @@ from mlx_rlaif.artifacts import checkpoint
 from mlx_rlaif.config import load
 from mlx_rlaif.metrics.jsonl import read_jsonl
 
+DEFAULTS = Path(__file__).resolve().parent / "data" / "defaults.yaml"
 # syntax reward (no sandbox), 2 prompts x 2 completions of 8 tokens, an update every step
 # (entropy bonus, zero-variance groups kept), a checkpoint every step, 3 kept
 SETS = ("reward.type=syntax", "generation.max_new_tokens=8", "generation.num_samples_per_prompt=2",
@@ -32,9 +33,11 @@ def config(model: Path, tasks: Path, out: Path, steps: int, *extra: str):
 
 def command(model: Path, tasks: Path, out: Path, steps: int, *extra: str,
             resume: bool = False) -> list[str]:
-    """`mlx-rlaif train` with the same settings as `config`."""
+    """`mlx-rlaif train` with the same settings as `config` (an empty --config: the defaults,
+    not the quickstart the CLI starts from without one)."""
     sets = [a for s in (*SETS, *extra) for a in ("--set", s)]
-    return [sys.executable, "-m", "mlx_rlaif.cli", "train", "--model", str(model),
+    return [sys.executable, "-m", "mlx_rlaif.cli", "train", "--config", str(DEFAULTS),
+            "--model", str(model),
             "--train-file", str(tasks), "--output-dir", str(out), "--max-steps", str(steps),
             "--no-dashboard", *sets, *(["--resume"] if resume else [])]
 
