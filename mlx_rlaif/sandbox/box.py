@@ -197,6 +197,7 @@ class Sandbox:
     def box(self) -> Iterator[Box]:
         """A fresh private directory (and uid when root) for one or more runs."""
         with self._slots, self._lease() as uid:
+            born = time.time() - 1.0  # the sweep's cut-off (ctime has coarse resolution)
             try:
                 host = Path(tempfile.mkdtemp(prefix="mlx-rlaif-box-"))
             except OSError as e:
@@ -211,8 +212,10 @@ class Sandbox:
                     self._sweep.discard(uid)
                     kill_uid(uid)
                 _rmtree(host)
+                if host.is_symlink():  # the run swapped its box for a link: ours to remove
+                    host.unlink()
                 if uid is not None and self.mode == "process":
-                    remove_owned(uid)  # what it wrote to /tmp, /var/tmp, /dev/shm
+                    remove_owned(uid, born)  # what it wrote to /tmp, /var/tmp, /dev/shm
 
     @contextmanager
     def _lease(self) -> Iterator[int | None]:

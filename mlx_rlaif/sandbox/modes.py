@@ -14,6 +14,7 @@ import functools
 import os
 import pwd
 import queue
+import re
 import shutil
 import stat
 import subprocess
@@ -212,9 +213,15 @@ def kill_uid(uid: int) -> None:
 SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: process mode cannot block them
 
 
-def remove_owned(uid: int, dirs: Sequence[str] = SHARED_DIRS) -> None:
-    """Remove what `uid` left directly in the world-writable directories (we are root, its
-    processes are gone; rmtree does not follow symlinks)."""
+BOX_NAME = re.compile(r"mlx-rlaif-box-[A-Za-z0-9_]{8}")  # tempfile.mkdtemp's names for boxes
+
+
+def remove_owned(uid: int, since: float, dirs: Sequence[str] = SHARED_DIRS) -> None:
+    """Remove what `uid` left directly in the world-writable directories since `since` (we are
+    root, its processes are gone; rmtree does not follow symlinks). Boxes are never touched:
+    another trainer on this machine with the same uid range may be using one (concurrent
+    trainers as root need different `reward.exec.uid_base`s anyway: a run's processes are
+    killed by uid)."""
     for d in dirs:
         try:
             entries = list(os.scandir(d))
@@ -222,7 +229,8 @@ def remove_owned(uid: int, dirs: Sequence[str] = SHARED_DIRS) -> None:
             continue
         for e in entries:
             try:
-                if e.stat(follow_symlinks=False).st_uid != uid:
+                st = e.stat(follow_symlinks=False)
+                if st.st_uid != uid or st.st_ctime < since or BOX_NAME.fullmatch(e.name):
                     continue
                 if e.is_dir(follow_symlinks=False):
                     shutil.rmtree(e.path, ignore_errors=True)
