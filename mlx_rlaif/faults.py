@@ -6,7 +6,7 @@ or signal a run at an exact place; never set it in a real run.
 calls `prepare` (when the caller gives one), then ACTION: `kill` (SIGKILL to itself, like
 `kill -9`; the default), `sigint` or `sigterm` (that signal to itself, then it goes on), `raise`
 (a RuntimeError, as a bug would). Points: `generate`, `score`, `update` (train/step.py, as each
-phase of a step starts), `checkpoint-weights` (the adapters and optimizer are written in the
+phase of a step starts; `score` as each group is scored, maybe while others still decode), `checkpoint-weights` (the adapters and optimizer are written in the
 temporary directory), `checkpoint-rename` (every file written, before the rename), `jsonl`
 (half of a JSONL write is on disk: a torn line).
 
