@@ -28,3 +28,7 @@ class TeacherError(RlaifError):
 
 class CheckpointError(RlaifError):
     """A checkpoint is missing, incomplete or does not match the model."""
+
+
+class DiskFullError(RlaifError):
+    """The disk under the run filled up (ENOSPC); the newest complete checkpoint is intact."""

@@ -13,6 +13,8 @@ criterion `server.scores` and writes a small reference solution). Behaviours:
 - `Fail(status, headers, message)`: an error status in the API's error format (429 with
   `retry-after`, 500, 401, 403, ...);
 - `Broken(body)`: status 200 with a body that is not JSON;
+- `Drop(payload)`: status 200 whose headers promise the whole answer, then half the body and the
+  connection closes (a network drop mid-body);
 - any behaviour with `delay_s` is answered that much later (slow answers, modelled latency).
 
 `requests` records every request (path, headers, JSON body) for assertions; `hits(path)` counts
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import socket
 import threading
 import time
 from collections import deque
@@ -65,7 +68,13 @@ class Broken:
     delay_s: float = 0.0
 
 
-Behaviour = Say | Refuse | Fail | Broken
+@dataclass(frozen=True)
+class Drop:
+    payload: Any = None  # the answer cut off (None: the default responder's)
+    delay_s: float = 0.0
+
+
+Behaviour = Say | Refuse | Fail | Broken | Drop
 
 
 @dataclass(frozen=True)
@@ -239,9 +248,13 @@ def _handler(server: FakeAPI) -> type[BaseHTTPRequestHandler]:
             if isinstance(b, Broken):
                 return self._send(200, b.body)
             make = _anthropic_body if req.api == "anthropic" else _openai_body
+            if isinstance(b, Drop):
+                said = Say(b.payload) if b.payload is not None else server.default_responder(req)
+                return self._send(200, make(req, said), cut=True)
             self._send(200, make(req, b))
 
-        def _send(self, status: int, body: Any, headers: dict | None = None) -> None:
+        def _send(self, status: int, body: Any, headers: dict | None = None,
+                  cut: bool = False) -> None:
             data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             try:
                 self.send_response(status)
@@ -250,7 +263,11 @@ def _handler(server: FakeAPI) -> type[BaseHTTPRequestHandler]:
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
                 self.end_headers()
-                self.wfile.write(data)
+                self.wfile.write(data[: len(data) // 2] if cut else data)
+                if cut:  # the rest never comes: close the connection mid-body
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
             except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
                 pass
 

@@ -272,7 +272,7 @@ def test_checkpoint_loads_in_mlx_and_resumes(micro_model: Path, rollouts, tmp_pa
     assert checkpoint.latest_checkpoint(tmp_path) == ckpt
     assert {p.name for p in ckpt.iterdir()} == {
         "adapters.safetensors", "adapter_config.json", "optimizer.pt", "state.json",
-        "checkpoint_summary.json", "config.yaml"}
+        "checkpoint_summary.json", "config.yaml", "manifest.json"}
     saved = checkpoint.load_adapter_config(ckpt)
     assert saved["num_layers"] == 1 and saved["lora_parameters"]["keys"] == list(lora.keys)
     toks = _tokens()

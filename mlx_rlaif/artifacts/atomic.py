@@ -45,10 +45,15 @@ def atomic_dir(out: Path) -> Iterator[Path]:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` beside `path`, then rename it into place."""
+    """Write `text` beside `path`, then rename it into place (the temporary file is removed
+    when the write fails, e.g. on a full disk)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
+    try:
+        tmp.write_text(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -58,6 +63,4 @@ def write_json(path: Path, obj: Any) -> None:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON next to `path`, then rename it into place: readers see the old or the new."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write_json(tmp, obj)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")

@@ -11,17 +11,24 @@ Layout of a run directory (names follow the seed trainer):
         config.yaml                       the run's config
         training_stats.json               rolling trainer stats
         checkpoint_summary.json           epoch / batch / step, baseline reward, gain
+        manifest.json                     every file above with its size (written last)
     RUN/checkpoints/best.json             with training.keep_best: the checkpoint with the best
                                           periodic held-out score, its step and scores
 
 A checkpoint is written to `checkpoint-...tmp-<pid>` and renamed into place, so a directory named
-`checkpoint-*` without the `.tmp` suffix is always complete. `mlx_lm.generate --adapter-path DIR`
-loads one directly. Retention (`prune`) never deletes the best checkpoint. Not covered: sharded
-adapters, full fine-tuning.
+`checkpoint-*` without the `.tmp` suffix is always complete; a write that fails (a full disk)
+removes its temporary directory. Its last file, `manifest.json`, lists the others with their
+sizes: `newest_valid` checks it (integrity.py) and moves a damaged checkpoint aside to
+`checkpoints/damaged-*`, so `--resume` falls back to the previous good one. Old checkpoints are
+pruned by renaming them to a `.tmp` name first, so a crash mid-delete never leaves a half
+checkpoint under a complete name; retention (`prune`) never deletes the best checkpoint.
+`mlx_lm.generate --adapter-path DIR` loads one directly.
+Not covered: sharded adapters, full fine-tuning, durability across a power cut (no fsync).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -35,7 +42,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import CheckpointError
+from ..faults import fault
 from .atomic import write_json, write_json_atomic
+from .integrity import problem, write_manifest
 from .lora import adapter_weights
 
 ADAPTERS = "adapters.safetensors"
@@ -83,12 +92,12 @@ def save_checkpoint(
     safetensors files by name (a critic's value head, a moving reference's adapters)."""
 
     def weights(tmp: Path) -> None:
-        mx.save_safetensors(str(tmp / ADAPTERS), adapter_weights(model))
+        save_safetensors(tmp / ADAPTERS, adapter_weights(model))
         if optimizer is not None:
-            mx.save_safetensors(str(tmp / OPTIMIZER), dict(tree_flatten(optimizer.state)))
+            save_safetensors(tmp / OPTIMIZER, dict(tree_flatten(optimizer.state)))
         for fname, arrays in (extra_arrays or {}).items():
             if arrays:
-                mx.save_safetensors(str(tmp / fname), dict(arrays))
+                save_safetensors(tmp / fname, dict(arrays))
 
     return write_checkpoint(run_dir, name, weights, adapter_cfg, state, extra_json, config_text)
 
@@ -106,17 +115,43 @@ def write_checkpoint(run_dir: Path, name: str, write_weights: Callable[[Path], N
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    write_weights(tmp)
-    write_json(tmp / ADAPTER_CONFIG, adapter_cfg)
-    write_json(tmp / STATE, state.__dict__)
-    for fname, obj in (extra_json or {}).items():
-        write_json(tmp / fname, obj)
-    if config_text is not None:
-        (tmp / "config.yaml").write_text(config_text)
+    try:
+        write_weights(tmp)
+        fault("checkpoint-weights")
+        write_json(tmp / ADAPTER_CONFIG, adapter_cfg)
+        write_json(tmp / STATE, state.__dict__)
+        for fname, obj in (extra_json or {}).items():
+            write_json(tmp / fname, obj)
+        if config_text is not None:
+            (tmp / "config.yaml").write_text(config_text)
+        write_manifest(tmp)
+    except BaseException:  # a full disk, an error, Ctrl-C twice: leave nothing half-written
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fault("checkpoint-rename")
     if final.exists():
-        shutil.rmtree(final)
+        _remove(final)
     os.replace(tmp, final)
     return final
+
+
+def save_safetensors(path: Path, arrays: dict) -> None:
+    """mx.save_safetensors, with its write error (a RuntimeError without errno) as an OSError:
+    ENOSPC when the disk has less than 1 MiB left, else EIO."""
+    try:
+        mx.save_safetensors(str(path), arrays)
+    except RuntimeError as e:
+        full = shutil.disk_usage(path.parent).free < (1 << 20)
+        code = errno.ENOSPC if full else errno.EIO
+        raise OSError(code, os.strerror(code), str(path)) from e
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint directory: renamed to a `.tmp` name first (atomic), so a crash
+    mid-delete leaves a directory `clean_partial` removes, never a half checkpoint."""
+    trash = path.with_name(f"{path.name}.tmp-del-{os.getpid()}")
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def checkpoint_step(path: Path) -> int:
@@ -140,6 +175,22 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def newest_valid(run_dir: Path, say: Callable[[str], object] = print) -> Path | None:
+    """The newest checkpoint that is whole (integrity.problem). Each damaged one newer than it is
+    moved aside to `checkpoints/damaged-<name>` (kept for inspection, never picked again) with
+    one line through `say`."""
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        why = problem(ckpt)
+        if why is None:
+            return ckpt
+        aside = ckpt.with_name(f"damaged-{ckpt.name}")
+        if aside.exists():
+            aside = ckpt.with_name(f"damaged-{ckpt.name}-{os.getpid()}")
+        os.replace(ckpt, aside)
+        say(f"checkpoint {ckpt.name} is damaged ({why}): moved to {aside}, using the one before")
+    return None
+
+
 def prune(run_dir: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` checkpoints (keep <= 0: delete nothing); the best one
     (`mark_best`) is never deleted and does not count toward `keep`."""
@@ -147,7 +198,7 @@ def prune(run_dir: Path, keep: int) -> list[Path]:
     found = [p for p in list_checkpoints(run_dir) if p != best]
     gone = found[:-keep] if keep > 0 else []
     for p in gone:
-        shutil.rmtree(p, ignore_errors=True)
+        _remove(p)
     return gone
 
 

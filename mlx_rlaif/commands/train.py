@@ -1,15 +1,21 @@
-"""`mlx-rlaif train`: parse flags into config overrides and call mlx_rlaif.train.train."""
+"""`mlx-rlaif train`: parse flags into config overrides and call mlx_rlaif.train.train.
+
+`--resume` continues the newest whole checkpoint (a damaged one is moved aside with a line, see
+artifacts/checkpoint.py); a full disk ends the run with one line naming it (`disk_full`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
+import shutil
 import sys
 from pathlib import Path
 
 from ..artifacts import checkpoint
 from ..assets import QUICKSTART
 from ..config import load
-from ..errors import UsageError
+from ..errors import DiskFullError, UsageError
 
 HELP = "Train a code model with RL (sample, score, LoRA policy-gradient update)."
 
@@ -67,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     resume_from = None
     if args.resume is not None:
         run_dir = Path(args.resume or cfg.training.output_dir)
-        resume_from = checkpoint.latest_checkpoint(run_dir)
+        resume_from = checkpoint.newest_valid(run_dir, say=lambda s: print(s, file=sys.stderr))
         if resume_from is None:
             raise UsageError(f"--resume: no complete checkpoint in {run_dir}/checkpoints: "
                              "start a new run without --resume")
@@ -76,6 +82,27 @@ def run(args: argparse.Namespace) -> int:
 
             cfg = replace(cfg, training=replace(cfg.training, output_dir=str(run_dir)))
     interactive = sys.stdout.isatty() and cfg.logging.dashboard
-    run_dir = train(cfg, resume_from=resume_from, interactive=interactive)
+    try:
+        run_dir = train(cfg, resume_from=resume_from, interactive=interactive)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DiskFullError(disk_full(Path(cfg.training.output_dir), e)) from None
     print(f"run directory: {run_dir}")
     return 0
+
+
+def disk_full(run_dir: Path, e: OSError) -> str:
+    """One line: which disk filled up, how full it is, what is kept, what to do."""
+    where = e.filename or run_dir
+    try:
+        du = shutil.disk_usage(run_dir)
+        room = f"now {du.free / 2**20:.1f} MiB free of {du.total / 2**20:.1f} MiB"
+    except OSError:
+        room = "size unknown"
+    latest = checkpoint.latest_checkpoint(run_dir)
+    kept = f"the newest complete checkpoint, {latest}, is intact" if latest else \
+        "no checkpoint was complete yet"
+    return (f"no space left on the disk holding {run_dir} ({e.strerror or 'ENOSPC'} writing "
+            f"{where}; {room}): free space there or pass another --output-dir, then --resume; "
+            f"{kept}")

@@ -53,7 +53,7 @@ def read_yaml(p: Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file {p} not found: pass an existing YAML file to --config")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.load(p.read_text(), Loader=_UniqueKeys) or {}  # a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark else str(p)
@@ -62,6 +62,22 @@ def read_yaml(p: Path) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, rl:, ...)")
     return raw
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one
+    silently, so the first setting would be lost without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"key {key!r} appears twice in one section",
+                    problem_mark=key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -87,7 +103,7 @@ def from_dict(raw: dict) -> Config:
 
 def build_section(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got "
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got "
                           f"{type(raw).__name__}: write it as a section")
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in fields(cls)}

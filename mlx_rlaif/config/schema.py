@@ -262,7 +262,9 @@ class ExecConfig:
                            "killed). One run answers all calls of a function task; a stdin/stdout "
                            "task runs once per test.", _pos)
     cpu_s: int = opt(5, "CPU-time limit per run.", _pos)
-    memory_mb: int = opt(512, "Address-space limit per process of a run.", _pos)
+    memory_mb: int = opt(512, "Address-space limit per process of a run, and the limit of the "
+                         "resident memory of all its processes together (a watchdog, every "
+                         "platform).", _pos)
     max_output_kb: int = opt(64, "Output kept per run; the rest is dropped.", _pos)
     max_file_size_mb: int = opt(16, "Largest file a run may write (stdout and stderr included).",
                                 _pos)
@@ -270,7 +272,8 @@ class ExecConfig:
     max_processes: int = opt(16, "Processes and threads a run may have at once.", _pos)
     build_timeout_s: float = opt(60.0, "Wall-clock limit for compiling one C++ or Rust solution.",
                                  _pos)
-    build_memory_mb: int = opt(4096, "Address-space limit per compiler process.", _pos)
+    build_memory_mb: int = opt(4096, "Address-space limit per compiler process (and the "
+                               "resident limit of a whole build).", _pos)
     workers: int = opt(0, "Completions scored in parallel (0: number of cores).", _nonneg)
     build_weight: float = opt(0.1, "Weight of the builds/parses part of the exec reward.", _unit)
     tests_weight: float = opt(0.9, "Weight of the tests part.", _unit)

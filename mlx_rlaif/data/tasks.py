@@ -38,11 +38,16 @@ def read_jsonl(path: str | Path) -> list[tuple[str, dict]]:
     if not p.is_file():
         raise DataError(f"task file {p} not found: pass an existing JSONL file or suite:NAME")
     out = []
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with p.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            where = f"{p}:{n}"
+            try:  # a byte-order mark (editors on Windows) is allowed at the start
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+                                f"{e.start + 1}): save the file as UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{p}:{n}"
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
@@ -69,6 +74,8 @@ def task_from_record(rec: dict[str, Any], where: str) -> Task:
         if rec.get(key) is not None and not isinstance(rec[key], str):
             raise DataError(f"{where}: '{key}' must be a string")
     tid = rec.get("id", rec.get("task_id"))
+    if tid is not None and (isinstance(tid, bool) or not isinstance(tid, (str, int))):
+        raise DataError(f"{where}: 'id' must be a string or an integer")
     return Task(
         id=str(tid) if tid is not None else where.rsplit("/", 1)[-1],
         prompt=prompt, language=lang, entry_point=rec.get("entry_point"),

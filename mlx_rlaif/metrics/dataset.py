@@ -21,7 +21,7 @@ import yaml
 
 from ..errors import RlaifError, UsageError
 from ..records import extract_code
-from .jsonl import JsonlWriter, atomic_write, dumps, read_jsonl
+from .jsonl import JsonlWriter, atomic_write, complete_lines, dumps, read_jsonl
 from .stats import finite
 
 SPLITS = ("train", "validation", "evaluation")
@@ -199,8 +199,8 @@ def export(run_dir: Path, out: Path) -> dict[str, int]:
 
 
 def _copy_atomic(src: Path, dst: Path) -> None:
-    if src.is_file():
-        atomic_write(dst, src.read_bytes())
+    if src.is_file():  # without a torn last line a crash may have left
+        atomic_write(dst, complete_lines(src.read_bytes()))
     else:
         dst.unlink(missing_ok=True)
 

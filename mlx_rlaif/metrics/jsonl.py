@@ -2,8 +2,10 @@
 `health.jsonl`, `eval.jsonl`), written one flushed line per record and read back tolerantly.
 
 Covered: strict JSON out (NaN and infinities become null, so any JSON reader accepts the file),
-append on resume, reading that skips a torn last line left by a crash, de-duplication of steps a
-resumed run did again (the later record wins) and trimming a file back to a resumed step.
+append on resume, reading that skips a torn last line left by a crash, its repair when a resumed
+run appends (`repair_tail`: the torn part is cut off, so the next record starts on a line of its
+own), de-duplication of steps a resumed run did again (the later record wins) and trimming a
+file back to a resumed step.
 Not covered: rotation or compression.
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import UsageError
+from ..faults import fault
 
 
 def clean(value: Any) -> Any:
@@ -47,6 +50,8 @@ class JsonlWriter:
         self._closed = False
         if not append:
             path.unlink(missing_ok=True)
+        else:
+            repair_tail(path)
 
     def write(self, record: Mapping[str, Any]) -> None:
         self.write_many([record])
@@ -58,13 +63,45 @@ class JsonlWriter:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-        self._file.write(text)
+        f = self._file
+        fault("jsonl", lambda: (f.write(text[: len(text) // 2]), f.flush()))
+        f.write(text)
 
     def close(self) -> None:
         self._closed = True
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def repair_tail(path: Path) -> int:
+    """Cut a torn last line (text after the last newline: a crash mid-write) off the file;
+    returns the number of bytes cut."""
+    try:
+        f = open(path, "rb+")  # noqa: SIM115
+    except FileNotFoundError:
+        return 0
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        keep = size
+        while keep > 0:
+            start = max(0, keep - (1 << 16))
+            f.seek(start)
+            chunk = f.read(keep - start)
+            if start + len(chunk) == size and chunk.endswith(b"\n"):
+                return 0
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            keep = start
+        f.truncate(keep)
+    return size - keep
+
+
+def complete_lines(data: bytes) -> bytes:
+    """`data` up to its last newline: a JSONL file without a torn last line."""
+    return data[: data.rfind(b"\n") + 1]
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:

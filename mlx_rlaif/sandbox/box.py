@@ -3,8 +3,10 @@
 Every run gets a fresh temporary directory (its "box", the only place it may write), an
 environment built from scratch (PATH, HOME, TMPDIR, LANG: nothing of the trainer's), stdin closed
 (or a test's input file), rlimits on CPU time, address space, file size, open files and processes,
-a wall-clock limit after which every process of the run is killed, and output capped (stdout and
-stderr go to unnamed temp files bounded by the file-size limit; the first `output_bytes` are kept).
+a wall-clock limit after which every process of the run is killed, a resident-memory watchdog that
+kills it when its processes together hold more than `rss_mb` (watchdog.py; every platform: macOS
+refuses RLIMIT_AS), and output capped (stdout and stderr go to unnamed temp files bounded by the
+file-size limit; the first `output_bytes` are kept).
 The first code to run inside is our launcher (launcher.py): it sets the limits, drops
 privileges and only then runs the program, reporting "ready" on a status fd so that a sandbox
 that failed to start (our fault: SandboxError) is never mistaken for a program that failed.
@@ -26,11 +28,16 @@ run, cannot read /proc/<pid>/environ of others, and all its processes can be kil
 Host-specific parts (mode choice, bwrap layout, seatbelt profile, uid pool) are in
 modes.py; the in-sandbox launcher is launcher.py.
 
-Not covered: a limit on total memory across processes (RLIMIT_AS is per process: the worst case
-is `processes x memory`), disk quotas (the box is bounded only by the file-size limit per file
-and the CPU time to write), GPU isolation. In process mode: writes to world-writable dirs (/tmp,
-/dev/shm) are not blocked; as non-root the run has your uid, so it can signal or ptrace your
-processes, read your files and use the network: use bwrap or seatbelt where untrusted code runs.
+Not covered: memory touched faster than the watchdog polls (0.1 s; on Linux RLIMIT_AS still
+bounds each process), disk quotas (the box is bounded only by the file-size limit per file and
+the CPU time to write), GPU isolation. In process mode, even as root: writes to world-writable
+dirs (/tmp, /dev/shm) are not blocked (as root what a run leaves there, owned by its uid, is
+removed after it; as non-root it stays), world-readable files anywhere can be read (a compiler's
+`#include` too), and world-writable Unix sockets on the host's filesystem (X11's, a docker.sock
+made 0666) can be connected to; as non-root the run has your uid, so it can also signal or
+ptrace your processes, read your files and use the network: use bwrap or seatbelt where
+untrusted code runs. docs/reliability.md counts what each mode contained of the hostile
+programs tried (tests/test_faults_sandbox.py).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,9 +67,11 @@ from .modes import (
     kill_uid,
     prefix_of,
     python_ok,
+    remove_owned,
     seatbelt_profile,
     world_reachable,
 )
+from .watchdog import WATCHDOG
 
 LAUNCHER = Path(__file__).with_name("launcher.py").read_text()
 
@@ -80,6 +89,11 @@ class Limits:
     open_files: int = 64
     processes: int = 16
     output_bytes: int = 64 * 1024
+    rss_mb: int = 0  # resident memory of all the run's processes together (0: memory_mb)
+
+    @property
+    def rss_bytes(self) -> int:
+        return (self.rss_mb or self.memory_mb) << 20
 
     def rlimits(self) -> dict[str, int]:
         return {"cpu_s": self.cpu_s, "memory": self.memory_mb << 20,
@@ -96,12 +110,15 @@ class RunResult:
     stderr: bytes
     truncated: bool  # stdout or stderr was longer than Limits.output_bytes
     duration_s: float
+    over_memory: bool = False  # killed by the watchdog: resident memory over Limits.rss_mb
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and not self.over_memory
 
     def describe(self) -> str:
+        if self.over_memory:
+            return "killed: its processes held more resident memory than the limit"
         if self.timed_out:
             return f"timed out after {self.duration_s:.1f} s"
         if self.signal is not None:
@@ -180,6 +197,7 @@ class Sandbox:
     def box(self) -> Iterator[Box]:
         """A fresh private directory (and uid when root) for one or more runs."""
         with self._slots, self._lease() as uid:
+            born = time.time() - 1.0  # the sweep's cut-off (ctime has coarse resolution)
             try:
                 host = Path(tempfile.mkdtemp(prefix="mlx-rlaif-box-"))
             except OSError as e:
@@ -194,6 +212,10 @@ class Sandbox:
                     self._sweep.discard(uid)
                     kill_uid(uid)
                 _rmtree(host)
+                if host.is_symlink():  # the run swapped its box for a link: ours to remove
+                    host.unlink()
+                if uid is not None and self.mode == "process":
+                    remove_owned(uid, born)  # what it wrote to /tmp, /var/tmp, /dev/shm
 
     @contextmanager
     def _lease(self) -> Iterator[int | None]:
@@ -231,7 +253,9 @@ class Sandbox:
             for f in (out, err, status, info):
                 f.close()
             raise SandboxError(f"cannot start a sandboxed process: {e}") from e
-        return Running(self, box, proc, limits, (out, err, status, info), time.monotonic())
+        run = Running(self, box, proc, limits, (out, err, status, info), time.monotonic())
+        run.unwatch = WATCHDOG.watch(proc.pid, limits.rss_bytes, run.over_memory)
+        return run
 
     def run(self, box: Box, argv: Sequence[str], limits: Limits, **kw) -> RunResult:
         return self.start(box, argv, limits, **kw).wait()
@@ -255,6 +279,8 @@ class Running:
         self._out, self._err, self._status, self._info = files
         self.deadline = t0 + limits.timeout_s
         self.timed_out = False
+        self.killed_rss: int | None = None  # the resident bytes the watchdog saw, if it killed
+        self.unwatch: Callable[[], None] = lambda: None
         self._result: RunResult | SandboxError | None = None
 
     @property
@@ -268,6 +294,7 @@ class Running:
                 self.timed_out = True
                 self.stop()
             self.proc.wait()
+            self.unwatch()
             duration = time.monotonic() - self.t0
             if self.sandbox.mode == "bwrap":
                 self._await_namespace()
@@ -281,6 +308,12 @@ class Running:
         if isinstance(self._result, SandboxError):
             raise self._result
         return self._result
+
+    def over_memory(self, rss: int) -> None:
+        """The watchdog's call: its processes hold `rss` bytes, more than the limit."""
+        if self.proc.poll() is None:
+            self.killed_rss = rss
+            self.stop()
 
     def stop(self) -> None:
         """Kill the run and everything it started (idempotent)."""
@@ -332,7 +365,8 @@ class Running:
             why = stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise SandboxError(f"the sandbox did not start ({why[0][:300]})")
         code, sig = (None, None) if self.timed_out else self._exit(lines)
-        return RunResult(code, sig, self.timed_out, stdout, stderr, t1 or t2, duration)
+        return RunResult(code, sig, self.timed_out, stdout, stderr, t1 or t2, duration,
+                         self.killed_rss is not None)
 
     def _exit(self, lines: list[str]) -> tuple[int | None, int | None]:
         final = [ln for ln in lines if ln[:1] in ("X", "S", "K")]
@@ -395,9 +429,13 @@ def _try(fn, *args) -> None:
 
 def _rmtree(path: Path) -> None:
     def fix(func, p, _exc):  # a run may leave directories without write permission
+        parent = os.path.dirname(p)
+        if not Path(parent).is_relative_to(path):
+            return  # the box itself is gone or stuck: never chmod what holds it (/tmp)
         with suppress(OSError):
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
+            os.chmod(parent, 0o700)
+            if not os.path.islink(p):  # chmod follows links: never to outside the box
+                os.chmod(p, 0o700)
             func(p)
 
     if sys.version_info >= (3, 12):

@@ -2,7 +2,8 @@
 
 Choosing a mode and probing bubblewrap; bubblewrap's mount layout; the macOS seatbelt profile;
 which interpreter and toolchain paths an unprivileged uid can reach; the pool of sandbox uids
-used when running as root, and killing every process of one of them.
+used when running as root, killing every process of one of them and removing what it left in
+the world-writable directories.
 
 Not covered: cgroups (no memory or pid accounting across processes beyond rlimits).
 """
@@ -13,6 +14,7 @@ import functools
 import os
 import pwd
 import queue
+import re
 import shutil
 import stat
 import subprocess
@@ -206,6 +208,36 @@ def kill_uid(uid: int) -> None:
         subprocess.run([helper, "-KILL", "-1"],
                        user=uid, group=uid, extra_groups=[], stdin=subprocess.DEVNULL,
                        capture_output=True, cwd="/", env={}, check=False)
+
+
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: process mode cannot block them
+
+
+BOX_NAME = re.compile(r"mlx-rlaif-box-[A-Za-z0-9_]{8}")  # tempfile.mkdtemp's names for boxes
+
+
+def remove_owned(uid: int, since: float, dirs: Sequence[str] = SHARED_DIRS) -> None:
+    """Remove what `uid` left directly in the world-writable directories since `since` (we are
+    root, its processes are gone; rmtree does not follow symlinks). Boxes are never touched:
+    another trainer on this machine with the same uid range may be using one (concurrent
+    trainers as root need different `reward.exec.uid_base`s anyway: a run's processes are
+    killed by uid)."""
+    for d in dirs:
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+                if st.st_uid != uid or st.st_ctime < since or BOX_NAME.fullmatch(e.name):
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                else:
+                    os.unlink(e.path)
+            except OSError:
+                continue
 
 
 def seatbelt_profile(ro_paths: Sequence[str], box_host: Path) -> str:

@@ -1,6 +1,7 @@
 """The loop over steps: the data order and cursor, the baseline reward, Ctrl-C, logging,
 checkpoints and the periodic held-out evaluation (periodic.py), until `steps` steps are done or a
-stop (a teacher's 401/403, the budget, Ctrl-C).
+stop (a teacher's 401/403, the budget, Ctrl-C or SIGTERM: the step in progress finishes, a
+checkpoint is saved, the run ends).
 
 Not covered: the step's contents (step.py), setting up a run (trainer.py).
 """
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -66,8 +69,10 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
         if epoch_end:
             hub.end_epoch(s.epoch + 1)
         maybe_save(run, hub, s.epoch + 1, s.cursor // P + 1, epoch_end)
+        run.stop = run.stop or ("interrupted" if interrupted() else None)  # during the save
         if not run.stop:
             periodic_eval(run, eval_tasks, hub, s.epoch + 1, s.cursor // P + 1)
+            run.stop = "interrupted" if interrupted() else None  # during the evaluation
         if run.stop:
             break
         if time.monotonic() >= deadline:
@@ -80,6 +85,7 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
                                                   final=True))
     elif steps and not saved_at(run, run.state.step):
         save(run, hub, checkpoint.checkpoint_name(0, None, run.state.step, final=True))
+    interrupted.restore()
 
 
 def pass_values(rollouts: list[Rollout], rewards: list[Reward]) -> list[tuple[Task, float]]:
@@ -114,19 +120,38 @@ def track_reward(state: checkpoint.LoopState, reward: float | None) -> checkpoin
     return replace(state, best_reward=best, baseline_reward=base)
 
 
-def install_sigint() -> Callable[[], bool]:
-    """First Ctrl-C: finish the step, save, stop. Second: stop at once."""
-    hit = {"n": 0}
-    previous = signal.getsignal(signal.SIGINT)
+class StopSignals:
+    """First Ctrl-C (SIGINT) or SIGTERM: finish the step, save, stop. Second: stop at once
+    (KeyboardInterrupt). Calling it says whether one was received; `restore()` puts the
+    previous handlers back."""
 
-    def handler(signum: int, frame: Any) -> None:
-        hit["n"] += 1
-        if hit["n"] > 1:
-            signal.signal(signal.SIGINT, previous)
+    def __init__(self) -> None:
+        self.hits = 0
+        self.previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        with contextlib.suppress(ValueError):  # not the main thread: no handler
+            for s in self.previous:
+                signal.signal(s, self._handler)
+
+    def __call__(self) -> bool:
+        return self.hits > 0
+
+    def restore(self) -> None:
+        with contextlib.suppress(ValueError, TypeError):  # not the main thread, or not ours
+            for s, h in self.previous.items():
+                signal.signal(s, h)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.hits += 1
+        if self.hits > 1:
+            self.restore()
             raise KeyboardInterrupt
-        print("\nCtrl-C: finishing this step, then saving a checkpoint (again to abort)",
-              flush=True)
+        name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        # os.write, not print: a handler that prints while the loop prints fails (reentrant)
+        with contextlib.suppress(OSError):
+            os.write(sys.stdout.fileno(), f"\n{name}: finishing this step, then saving a "
+                     "checkpoint (again to abort)\n".encode())
 
-    with contextlib.suppress(ValueError):  # not the main thread: no handler
-        signal.signal(signal.SIGINT, handler)
-    return lambda: hit["n"] > 0
+
+def install_sigint() -> StopSignals:
+    """The stop handlers for SIGINT and SIGTERM (see StopSignals)."""
+    return StopSignals()

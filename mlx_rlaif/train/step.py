@@ -21,6 +21,7 @@ import numpy as np
 from ..algo import advantages
 from ..algo.gae import gae, token_rewards, whiten
 from ..config import Config, prompts_per_step
+from ..faults import fault
 from ..records import Reward, Rollout, Task
 from .dynamic import collect
 from .multiturn import hidden_tasks, shape, turn_metrics
@@ -34,9 +35,11 @@ def rl_step(run: Run, draw: Callable[..., list[Task]],
     sees every scored completion (a curriculum's pass rates)."""
     cfg, ops, kl_penalty = run.cfg, run.ops, run.state.kl_penalty
     t0 = time.perf_counter()
+    fault("generate")
     rollouts, rewards, gen, extra = gather(run, draw, observe)
     t2 = time.perf_counter()
     t1 = t0 + gen.get("gen/seconds", 0.0)
+    fault("update")
     scores = [rw.value for rw in rewards]
     targets = (critic_targets if cfg.rl.advantage == "gae" else group_targets)(
         run, rollouts, scores, kl_penalty)
@@ -63,6 +66,7 @@ def rl_step(run: Run, draw: Callable[..., list[Task]],
 def score(run: Run, rollouts: list[Rollout]) -> list[Reward]:
     """The rewards of the rollouts' (last) answers: on the task, or with several turns on its
     hidden tests, shaped by the number of turns taken (multiturn.shape)."""
+    fault("score")
     gen, rl = run.cfg.generation, run.cfg.rl
     texts = [r.text for r in rollouts]
     if gen.max_turns == 1:

@@ -6,7 +6,9 @@ before anything is written (`prepare`).
 
 On `--resume`, the loop state comes from the checkpoint (data cursor, baselines, the KL penalty
 the adaptive controller reached). A setting the user changed since the checkpoint wins over the
-saved state, with a printed line (`resumed_state`): today that is `rl.kl_penalty`.
+saved state, with a printed line (`resumed_state`): today that is `rl.kl_penalty`. A damaged
+checkpoint is refused (artifacts/integrity.py; the CLI's `--resume` falls back to the one before).
+Tasks too long for the model's context are skipped with a line (fit.py).
 
 Not covered: several processes (data parallel), changing the model or LoRA shape on resume
 (refused by the checkpoint loader).
@@ -22,18 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import checkpoint
-from ..artifacts.atomic import write_json_atomic
+from ..artifacts.atomic import write_json_atomic, write_text_atomic
+from ..artifacts.integrity import problem
 from ..backends.ops import OPS
 from ..backends.sampling import prompt_formatter
 from ..config import Config, dump, prompts_per_step, to_dict
 from ..data import TaskOrder, load_tasks
 from ..data.curriculum import Curriculum
 from ..data.overlap import decontaminate
-from ..errors import ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..records import Task
 from ..rewards.build import build_reward
+from ..rewards.exec.tasks import check_formats
 from .carry import restore_carry
 from .evaluate import evaluate_tasks
+from .fit import context_length, fit_context
 from .loop import loop
 from .periodic import eval_subset, resume_history
 from .run import CARRY, CURRICULUM, Run
@@ -55,6 +60,11 @@ def prepare(cfg: Config, run_dir: Path, resume_from: Path | None):
     if resume_from is None and checkpoint.list_checkpoints(run_dir):
         raise ConfigError(f"output dir {run_dir} already holds a run: pass --resume to continue "
                           "it or choose another --output-dir")
+    if resume_from is not None and (why := problem(resume_from)):
+        raise CheckpointError(f"{resume_from} is damaged ({why}): resume from an earlier "
+                              "checkpoint (--resume picks the newest whole one)")
+    if cfg.reward.type == "exec":
+        check_formats(tasks + eval_tasks)
     langs = {t.language for t in tasks + eval_tasks}
     reward_fn = build_reward(cfg, run_dir, languages=langs)
     return tasks, eval_tasks, reward_fn
@@ -124,6 +134,10 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     tasks, eval_tasks, reward_fn = prepare(cfg, run_dir, resume_from)
     ops = OPS[cfg.model.backend]()
     policy = ops.load(cfg)
+    fit = (prompt_formatter(policy.tokenizer, cfg.model), context_length(policy.model),
+           cfg.generation.max_new_tokens)
+    tasks, skipped = fit_context(tasks, *fit, "training")
+    eval_tasks, eval_skipped = fit_context(eval_tasks, *fit, "held-out")
     steps = total_steps(cfg, len(tasks))
     saved = checkpoint.load_state(resume_from) if resume_from is not None else None
     horizon = schedule_horizon(cfg, steps, saved)
@@ -137,6 +151,8 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         hub = MetricsHub.create(cfg.logging, run_dir, interactive, steps, hparams(cfg),
                                 resume=resume_from is not None)
     try:
+        for line in filter(None, (skipped, eval_skipped)):
+            hub.message(line)
         if resume_from is not None:
             state = resumed_state(ops.restore(policy, optimizer, resume_from), cfg,
                                   saved_config(resume_from), hub.message)
@@ -144,7 +160,8 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
                 hub.message(f"the learning-rate schedule keeps the horizon of the run's first "
                             f"launch ({horizon} updates), whatever training.max_steps says now")
             state = replace(state, total_updates=horizon)
-        (run_dir / "config.yaml").write_text(dump(cfg))
+            hub.message(f"resuming from {resume_from} (step {state.step})")
+        write_text_atomic(run_dir / "config.yaml", dump(cfg))
         run = Run(cfg, ops, policy, optimizer, reward_fn, run_dir, state,
                   prompt_formatter(policy.tokenizer, cfg.model))
         d = cfg.data

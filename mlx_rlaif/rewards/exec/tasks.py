@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...config import ExecConfig
+from ...errors import DataError
 from ...records import Reward, Task, extract_code
 from ...sandbox import RunResult
 
@@ -48,6 +49,22 @@ def task_format(task: Task) -> str:
     if all(isinstance(t, Mapping) and "stdout" in t for t in task.tests):
         return "stdio"
     raise Unscorable("tests must all be {args, expected} or all {stdin, stdout} items")
+
+
+def check_formats(tasks: list[Task]) -> None:
+    """A DataError naming the first task this reward cannot score (no tests, or tests of an
+    unknown shape) and how many there are: caught when the run is set up, not as a None per
+    completion for the whole run."""
+    bad = []
+    for task in tasks:
+        try:
+            task_format(task)
+        except Unscorable as e:
+            bad.append((task, str(e)))
+    if bad:
+        task, why = bad[0]
+        raise DataError(f"task {task.id}: {why} ({len(bad)} of {len(tasks)} tasks like it): fix "
+                        "the task file, or score them with reward.type teacher, mix or syntax")
 
 
 def python_program(task: Task, completion: str) -> str:

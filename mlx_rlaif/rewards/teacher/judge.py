@@ -332,9 +332,12 @@ def check_scores(raw: Any, rubric: Rubric) -> dict[str, float]:
     return out
 
 
+MAX_RATIONALE = 4000  # characters kept of a judge's rationale (an enormous answer stays small)
+
+
 def _rationale(obj: dict) -> str:
     r = obj.get("rationale", "")
-    return r if isinstance(r, str) else ""
+    return r[:MAX_RATIONALE] if isinstance(r, str) else ""
 
 
 def parse_judgement(answer: Any, rubric: Rubric) -> Verdict:
