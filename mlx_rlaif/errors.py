@@ -28,3 +28,7 @@ class TeacherError(RlaifError):
 
 class CheckpointError(RlaifError):
     """A checkpoint is missing, incomplete or does not match the model."""
+
+
+class DistributedError(RlaifError):
+    """Data-parallel ranks lost each other (a rank stopped, the network failed) or disagree."""
