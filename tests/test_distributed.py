@@ -214,36 +214,49 @@ def _adapters(ckpt: Path) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in mx.load(str(ckpt / checkpoint.ADAPTERS)).items()}
 
 
+QUICK = ["--set", "training.batch_size=3", "--set", "generation.num_samples_per_prompt=4",
+         "--set", "generation.max_new_tokens=48", "--set", "data.eval_samples=1",
+         "--set", "rl.dynamic_sampling=true", "--set", "data.curriculum=true",
+         "--set", "data.eval_every=2", "--set", "data.eval_max_tasks=4",
+         "--set", "training.save_every_batches=1", "--set", "training.save_total_limit=0",
+         "--set", "logging.tensorboard=false"]  # on the quickstart: tiny-coder, exec reward
+
+
 @pytest.mark.slow
-def test_two_ranks_write_one_run_that_mlx_lm_loads_and_two_ranks_resume_exactly(
-        micro_model, prompts_file, tmp_path):
+def test_two_ranks_write_one_run_that_mlx_lm_loads_and_two_ranks_resume_exactly(tmp_path):
+    """The quickstart's model and reward with dynamic sampling (groups exchanged between the
+    ranks, carried in the checkpoint), a curriculum and the periodic evaluation."""
     run = tmp_path / "run"
-    proc = _launch2(_train_cmd(micro_model, prompts_file, run, "--max-steps", "3",
-                               "--set", "training.save_every_batches=1",
-                               "--set", "training.save_total_limit=0"), tmp_path)
+    cli = [sys.executable, "-m", "mlx_rlaif.cli", "train", "--output-dir"]
+    proc = _launch2([*cli, str(run), "--max-steps", "3", *QUICK], tmp_path)
     assert proc.stdout.count("step 1/3 |") == 1, proc.stdout  # rank 1 prints nothing
     assert "Traceback" not in proc.stderr, proc.stderr
     steps = [json.loads(x) for x in (run / "batches.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3]
-    assert all(s["train/sequences"] == 9 for s in steps)  # 3 prompts x 3, from both ranks
-    assert len((run / "datasets" / "train.jsonl").read_text().splitlines()) == 27
-    evals = json.loads((run / "eval.json").read_text())  # sharded: 3 tasks on each rank
-    assert evals["before"]["tasks"] == evals["after"]["tasks"] == 6
-    assert len((run / "datasets" / "evaluation.jsonl").read_text().splitlines()) == 24
+    kept = [s["sample/groups_kept"] for s in steps]  # the same number on every rank
+    assert sum(kept) > 0 and all(s["train/sequences"] == 4 * s["sample/groups_kept"]
+                                 for s in steps)
+    train_records = (run / "datasets" / "train.jsonl").read_text().splitlines()
+    assert len(train_records) == 4 * sum(kept)  # both ranks' completions, written by rank 0
+    evals = json.loads((run / "eval.json").read_text())  # sharded: 20 tasks on each rank
+    assert evals["before"]["tasks"] == evals["after"]["tasks"] == 40
+    assert [json.loads(x)["eval/tasks"] for x in (run / "eval.jsonl").read_text().splitlines()
+            ] == [4]
     ckpts = checkpoint.list_checkpoints(run)
     assert [checkpoint.checkpoint_step(c) for c in ckpts] == [1, 2, 3]
 
     from mlx_lm import generate
     from mlx_lm.utils import load
 
-    model, tok = load(str(micro_model), adapter_path=str(ckpts[-1]))
+    from mlx_rlaif.assets import model_source
+
+    model, tok = load(model_source("builtin:tiny-coder"), adapter_path=str(ckpts[-1]))
     assert isinstance(generate(model, tok, "def add(a, b):", max_tokens=2), str)
 
     again = tmp_path / "again"  # the run as it was after step 2, resumed by two ranks
     shutil.copytree(run, again)
     shutil.rmtree(again / "checkpoints" / ckpts[-1].name)
-    _launch2(_train_cmd(micro_model, prompts_file, again, "--resume", str(again),
-                        "--max-steps", "3"), tmp_path)
+    _launch2([*cli, str(again), "--resume", str(again), "--max-steps", "3"], tmp_path)
     resumed = checkpoint.latest_checkpoint(again)
     assert checkpoint.checkpoint_step(resumed) == 3
     a, b = _adapters(ckpts[-1]), _adapters(resumed)
@@ -251,10 +264,11 @@ def test_two_ranks_write_one_run_that_mlx_lm_loads_and_two_ranks_resume_exactly(
     for k in a:
         np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-7)
 
-    solo = tmp_path / "solo"  # the same checkpoint, resumed by one process
+    solo = tmp_path / "solo"  # the same checkpoint (its carried groups too), one process
     shutil.copytree(run, solo)
     shutil.rmtree(solo / "checkpoints" / ckpts[-1].name)
-    cfg = load_config(solo / "config.yaml", [f"training.output_dir={solo}", "data.eval_file="])
+    cfg = load_config(solo / "config.yaml", [f"training.output_dir={solo}", "data.eval_file=",
+                                             "data.eval_every=0"])
     train(cfg, resume_from=checkpoint.latest_checkpoint(solo), hub=RecordingHub())
     assert checkpoint.checkpoint_step(checkpoint.latest_checkpoint(solo)) == 3
 
