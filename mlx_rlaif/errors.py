@@ -32,3 +32,7 @@ class CheckpointError(RlaifError):
 
 class DiskFullError(RlaifError):
     """The disk under the run filled up (ENOSPC); the newest complete checkpoint is intact."""
+
+
+class DistributedError(RlaifError):
+    """Data-parallel ranks lost each other (a rank stopped, the network failed) or disagree."""

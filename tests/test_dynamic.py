@@ -18,6 +18,7 @@ from mlx_rlaif.data.tasks import TaskOrder
 from mlx_rlaif.records import Reward, Rollout, Task
 from mlx_rlaif.train import step, train
 from mlx_rlaif.train.carry import Group, carry_state, restore_carry
+from mlx_rlaif.train.distributed import World
 from mlx_rlaif.train.dynamic import collect
 from mlx_rlaif.train.run import Run
 
@@ -82,7 +83,7 @@ def test_collect_keeps_groups_with_signal_and_carries_the_rest():
 
     stale = Group(*_scored(_task(9), [0.0, 1.0]), version=0)
     run = SimpleNamespace(cfg=load(None, ["rl.dynamic_sampling=true"]),
-                          state=SimpleNamespace(step=5), carry=[stale])
+                          state=SimpleNamespace(step=5), carry=[stale], world=World())
     seen = []
     used, gen, m = collect(run, 2, draw, sample, lambda rs, ws: seen.extend(rs))
     assert [g.rollouts[0].task.id for g in used] == ["t1", "t3"]

@@ -19,12 +19,17 @@ that noise divided by its own tiny std (a kept zero-variance group is never std-
 equal rewards would get advantages of 1e6): that combination is refused; verl's REINFORCE++
 normalizes over the batch (`scale: batch`, or `whiten`).
 
-Not covered: per-token advantages (GAE needs a value model), tree rollouts.
+With several ranks (data parallel), each rank holds whole groups, so group baselines and group
+stds need no communication; the batch statistics (`scale: batch`, `whiten`, the reinforce
+baseline) are the whole batch's when the caller passes `reduce`, a sum over the ranks
+(`batch_moments`).
+
+Not covered: per-token advantages (GAE needs a value model: gae.py), tree rollouts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +37,7 @@ import numpy as np
 from ..records import group_indices
 
 EPS = 1e-6
+Reduce = Callable[[np.ndarray], np.ndarray]  # a float64 vector summed over the ranks
 
 
 @dataclass(frozen=True)
@@ -56,9 +62,12 @@ def _as_array(rewards: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
 def compute(rewards: Sequence[float | None], task_ids: Sequence[str], kind: str = "grpo",
             scale: str = "group", whiten: bool = False, drop_zero_std: bool = True,
             baseline: float | None = None, decay: float = 0.9,
-            task_rewards: Sequence[float | None] | None = None) -> Advantages:
+            task_rewards: Sequence[float | None] | None = None,
+            reduce: Reduce | None = None) -> Advantages:
     """Advantages of `rewards` (shaped, e.g. minus a KL term) grouped by `task_ids`; zero-variance
-    groups are found on `task_rewards` (the unshaped scores; default: `rewards`)."""
+    groups are found on `task_rewards` (the unshaped scores; default: `rewards`). `reduce`:
+    with several ranks, the sum over them, so the batch statistics are the whole batch's (every
+    rank calls it the same number of times, whatever its rewards; None: one process)."""
     if kind == "reinforce" and scale == "group":
         raise ValueError("advantage reinforce with scale group: a group's std is undefined "
                          "without a group baseline: use scale batch or none")
@@ -73,7 +82,8 @@ def compute(rewards: Sequence[float | None], task_ids: Sequence[str], kind: str 
         if len(v) < 2 or np.ptp(task[v]) == 0:
             zero[ix] = True
     if kind == "reinforce":
-        batch_mean = float(r[valid].mean()) if valid.any() else None
+        n, mean, _ = batch_moments(r[valid], reduce, std=False)
+        batch_mean = mean if n else None
         b = batch_mean if baseline is None else baseline
         if b is not None:
             adv[valid] = r[valid] - b
@@ -90,16 +100,36 @@ def compute(rewards: Sequence[float | None], task_ids: Sequence[str], kind: str 
             v = ix[valid[ix]]
             if len(v) >= 2 and not zero[ix[0]]:
                 adv[v] /= r[v].std() + EPS
-    elif scale == "batch" and valid.sum() >= 2:
-        adv[valid] /= r[valid].std() + EPS
+    elif scale == "batch":
+        n, _, std = batch_moments(r[valid], reduce)
+        if n >= 2:
+            adv[valid] /= std + EPS
     # reinforce's baseline is not the group's, so an equal-reward group still carries signal
     drop = drop_zero_std and kind != "reinforce"
     keep = valid & ~zero if drop else valid.copy()
     adv[~valid] = 0.0
-    if whiten and keep.sum() >= 2:
-        a = adv[keep]
-        adv[keep] = (a - a.mean()) / (a.std() + EPS)
+    if whiten:
+        n, mean, std = batch_moments(adv[keep], reduce)
+        if n >= 2:
+            adv[keep] = (adv[keep] - mean) / (std + EPS)
     return Advantages(adv, keep, zero, valid, new_baseline)
+
+
+def batch_moments(x: np.ndarray, reduce: Reduce | None = None, std: bool = True
+                  ) -> tuple[float, float, float]:
+    """(count, mean, population std) of `x`, or with `reduce` (a sum over the ranks) of every
+    rank's `x` together, in two passes as numpy's mean and std (the second skipped when `std`
+    is False). Empty: (0, 0.0, 0.0)."""
+    if reduce is None:
+        if not len(x):
+            return 0.0, 0.0, 0.0
+        return float(len(x)), float(x.mean()), float(x.std()) if std else 0.0
+    n, total = reduce(np.array([len(x), x.sum()], dtype=np.float64))
+    mean = total / n if n else 0.0
+    if not std:
+        return float(n), float(mean), 0.0
+    (squares,) = reduce(np.array([((x - mean) ** 2).sum()], dtype=np.float64))
+    return float(n), float(mean), float(np.sqrt(squares / n)) if n else 0.0
 
 
 def _centered(r: np.ndarray, kind: str) -> np.ndarray:

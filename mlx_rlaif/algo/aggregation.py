@@ -8,7 +8,11 @@ batch, so the loss divisor is global and the gradient does not depend on the mic
 Dr. GRPO's divisor is a constant: the configured batch's sequence count (P x G), not the number
 left after zero-variance groups are dropped, which changes from step to step.
 
-Not covered: divisors reduced across ranks (the caller passes the global counts).
+With several ranks (data parallel) each rank weighs its own sequences with the whole step's
+counts (`total_tokens`, `total_sequences`, summed over the ranks by the caller), so the ranks'
+gradients add up to the one-process gradient of the whole batch.
+
+Not covered: reducing the counts (train/distributed.py does).
 """
 
 from __future__ import annotations
@@ -17,16 +21,19 @@ from collections.abc import Sequence
 
 
 def aggregation_weights(lengths: Sequence[int], agg: str, max_new_tokens: int,
-                        batch_sequences: int = 0) -> list[float]:
+                        batch_sequences: int = 0, total_tokens: int | None = None,
+                        total_sequences: int | None = None) -> list[float]:
     """The per-token weight of each sequence (all its completion tokens share it).
     `batch_sequences`: the configured batch's sequence count, the constant divisor's (0: the
-    sequences given)."""
+    sequences given). `total_tokens`, `total_sequences`: the whole step's kept completion tokens
+    and sequences when `lengths` are one rank's part of it (None: `lengths` are the whole)."""
     n = len(lengths)
     if n == 0:
         return []
+    seqs = n if total_sequences is None else total_sequences
     if agg == "token":
-        total = sum(lengths)
+        total = sum(lengths) if total_tokens is None else total_tokens
         return [1.0 / total if total else 0.0] * n
     if agg == "sequence":
-        return [1.0 / (max(length, 1) * n) for length in lengths]
-    return [1.0 / (max_new_tokens * (batch_sequences or n))] * n
+        return [1.0 / (max(length, 1) * seqs) for length in lengths]
+    return [1.0 / (max_new_tokens * (batch_sequences or seqs))] * n

@@ -10,7 +10,8 @@ last one:
     A_t     = sum_l (gamma * lam)^l * delta_{t+l}       (lam = 1: returns minus values;
     R_t     = A_t + V_t                                   lam = 0: one-step TD errors)
 
-R_t is the critic's regression target. Advantages are whitened over every token of the batch.
+R_t is the critic's regression target. Advantages are whitened over every token of the batch
+(with several ranks, of every rank's batch: `whiten`'s `reduce`).
 The value loss is clipped as in PPO: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2).
 
 Not covered: bootstrapping from a value after truncation (a cut completion ends like a finished
@@ -23,6 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from .advantages import Reduce, batch_moments
 
 EPS = 1e-8
 
@@ -52,12 +55,13 @@ def gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float
     return adv, adv + values
 
 
-def whiten(advantages: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """The advantages of every token of the batch shifted and scaled to mean 0, std 1."""
+def whiten(advantages: Sequence[np.ndarray], reduce: Reduce | None = None) -> list[np.ndarray]:
+    """The advantages of every token of the batch shifted and scaled to mean 0, std 1 (with
+    `reduce`, a sum over the ranks: of every rank's tokens together)."""
     flat = np.concatenate(advantages) if advantages else np.zeros(0)
-    if flat.size < 2:
+    n, mean, std = batch_moments(flat, reduce)
+    if n < 2:
         return [np.asarray(a, dtype=np.float64) for a in advantages]
-    mean, std = flat.mean(), flat.std()
     return [(a - mean) / (std + EPS) for a in advantages]
 
 

@@ -24,6 +24,7 @@ from ..artifacts import checkpoint
 from ..config import Config
 from ..cpu.kernels import training_fast_paths
 from ..records import Rollout, Task
+from .parallel import Shard
 from .sampling import SamplingParams
 
 # (policy, tasks, sampling, G, prompt formatter, seed or None: continue the random stream)
@@ -31,7 +32,8 @@ from .sampling import SamplingParams
 #  on_group(rollouts) sees each prompt's G rollouts once they are all finished
 Sample = Callable[..., tuple[list[Rollout], dict]]
 # (policy, optimizer, kept rollouts, their advantages (per rollout, or per token with a critic),
-#  reference log-probs or None, config, KL penalty, critic's returns and old values or None)
+#  reference log-probs or None, config, KL penalty, critic's returns and old values or None,
+#  shard=this rank's part of a data-parallel step or None: parallel.py)
 #  -> (metrics, updates skipped for a non-finite loss or gradient)
 Update = Callable[..., tuple[dict[str, float], int]]
 # (policy, optimizer, run directory, checkpoint name, loop state, extra JSON files, config text)
@@ -95,10 +97,11 @@ def mlx_ops() -> Ops:
 
     def update_(policy: Any, optimizer: Any, rollouts: list[Rollout], adv: Any,
                 ref: list[np.ndarray] | None, cfg: Config, kl_penalty: float,
-                critic: dict | None = None) -> tuple[dict[str, float], int]:
+                critic: dict | None = None, shard: Shard | None = None
+                ) -> tuple[dict[str, float], int]:
         with training_fast_paths(policy.model):
             return update.update(policy, optimizer, rollouts, adv, ref, cfg, kl_penalty, traced,
-                                 critic)
+                                 critic, shard)
 
     def save(policy: Any, optimizer: Any, run_dir: Path, name: str,
              state: checkpoint.LoopState, extra: dict, config_text: str) -> Path:
@@ -142,3 +145,14 @@ def _no_critic(*args: Any) -> Any:
 
 
 OPS: dict[str, Callable[[], Ops]] = {"mlx": mlx_ops, "torch": torch_ops}
+
+
+def connect_group(engine: str, backend: str, timeout_s: float) -> Any:
+    """This process's data-parallel group: engine "mlx" (mx.distributed as `mlx.launch` set it
+    up; `backend` ring, mpi, jaccl or nccl) or "torch" (torch.distributed as `torchrun` set it
+    up; gloo or nccl). See backends/mlx/parallel.py and backends/torch/parallel.py."""
+    if engine == "mlx":
+        from .mlx.parallel import connect
+    else:
+        from .torch.parallel import connect
+    return connect(backend, timeout_s)

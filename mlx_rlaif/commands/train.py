@@ -11,11 +11,15 @@ import errno
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..artifacts import checkpoint
 from ..assets import QUICKSTART
-from ..config import load
+from ..config import Config, from_dict, load, to_dict
 from ..errors import DiskFullError, UsageError
+
+if TYPE_CHECKING:
+    from ..train.distributed import World
 
 HELP = "Train a code model with RL (sample, score, LoRA policy-gradient update)."
 
@@ -66,9 +70,8 @@ def _output_dir(args: argparse.Namespace) -> str:
     return cfg.training.output_dir
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..train import train
-
+def resolve(args: argparse.Namespace) -> tuple[Config, Path | None]:
+    """The config and, with --resume, the checkpoint to continue."""
     cfg = load(config_path(args), overrides(args))
     resume_from = None
     if args.resume is not None:
@@ -81,14 +84,37 @@ def run(args: argparse.Namespace) -> int:
             from dataclasses import replace
 
             cfg = replace(cfg, training=replace(cfg.training, output_dir=str(run_dir)))
-    interactive = sys.stdout.isatty() and cfg.logging.dashboard
-    try:
-        run_dir = train(cfg, resume_from=resume_from, interactive=interactive)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise DiskFullError(disk_full(Path(cfg.training.output_dir), e)) from None
-    print(f"run directory: {run_dir}")
+    return cfg, resume_from
+
+
+def resolve_on_rank0(world: World, args: argparse.Namespace) -> tuple[Config, Path | None]:
+    """`resolve` on rank 0 (its files: the config, the run directory), sent to every rank."""
+    if world.size == 1:
+        return resolve(args)
+
+    def encoded() -> dict:
+        cfg, resume_from = resolve(args)
+        return {"config": to_dict(cfg), "resume": str(resume_from) if resume_from else None}
+
+    raw = world.first(encoded, "exchange of rank 0's config")
+    return from_dict(raw["config"]), Path(raw["resume"]) if raw["resume"] else None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..train import train
+    from ..train.distributed import connect
+
+    world = connect()  # one process unless started by mlx.launch or torchrun
+    with world.session():  # ranks other than 0 print nothing but errors
+        cfg, resume_from = resolve_on_rank0(world, args)
+        interactive = world.rank == 0 and sys.stdout.isatty() and cfg.logging.dashboard
+        try:
+            run_dir = train(cfg, resume_from=resume_from, interactive=interactive, world=world)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise DiskFullError(disk_full(Path(cfg.training.output_dir), e)) from None
+        print(f"run directory: {run_dir}")
     return 0
 
 

@@ -16,6 +16,7 @@ from .loading import (
 from .schema import (
     Config,
     DataConfig,
+    DistributedConfig,
     ExecConfig,
     GenerationConfig,
     LoggingConfig,
@@ -32,7 +33,7 @@ from .schema import (
 )
 
 __all__ = [
-    "Config", "DataConfig", "ExecConfig", "GenerationConfig", "LoggingConfig", "LoraConfig",
+    "Config", "DataConfig", "DistributedConfig", "ExecConfig", "GenerationConfig", "LoggingConfig", "LoraConfig",
     "ModelConfig", "RLConfig", "RewardConfig", "TeacherConfig", "TrainingConfig", "apply_override",
     "batch_sequences", "build_section", "check", "documented_yaml", "dump", "from_dict", "load",
     "micro_batch_size", "opt", "prompts_per_step", "read_raw", "to_dict",

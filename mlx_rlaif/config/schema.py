@@ -370,6 +370,16 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    timeout_s: float = opt(1800.0, "Several machines (mlx.launch, torchrun): a rank whose "
+                           "collective (a gradient all-reduce, an exchange of metrics) has waited "
+                           "this long for the others ends with an error, instead of hanging when a "
+                           "rank hung or a machine dropped off the network (a rank that exits is "
+                           "noticed at once). Above the longest wait between ranks in a step.",
+                           _pos)
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -379,6 +389,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 def prompts_per_step(cfg: Config) -> int:

@@ -10,6 +10,10 @@ are dropped and counted.
 
 Works with any reward (exec, teacher, mix): a group's signal is read from its scores.
 
+With several ranks (data parallel) every rank draws the same tasks, samples its share of them,
+and the groups are exchanged (`every_rank`), so every rank holds the same pool and the same
+carried groups, makes the same decisions and trains on its share of the groups used.
+
 Not covered: asynchronous sampling (the rounds run inside the step), sample reuse across more
 than `carry_max_age` updates.
 """
@@ -20,7 +24,8 @@ import math
 from collections.abc import Callable
 
 from ..records import Reward, Rollout, Task
-from .carry import Group
+from .carry import Group, carry_state, restore_carry
+from .distributed import World
 from .run import Run
 
 
@@ -41,7 +46,7 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
     """`need` groups with signal for this step: carried ones first, then rounds of
     `sample(tasks, first_round)`; the rest carried in `run.carry`. Returns (groups, generation
     stats, dynamic-sampling metrics)."""
-    rl, version = run.cfg.rl, run.state.step
+    rl, version, world = run.cfg.rl, run.state.step, run.world
     fresh = [g for g in run.carry if version - g.version <= rl.carry_max_age]
     pool, stale = [g for g in fresh if g.has_signal], len(run.carry) - len(fresh)
     gen: dict[str, float] = {}
@@ -50,20 +55,31 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
         tasks = draw(math.ceil((need - len(pool)) * rl.oversample))
         if not tasks:
             break
-        rollouts, rewards, stats = sample(tasks, rounds == 0)
+        rollouts, rewards, stats = sample(world.share(tasks), rounds == 0)
         observe(rollouts, rewards)
-        gen = stats if not gen else _add(gen, stats)
-        fresh_groups = groups_of(rollouts, rewards, version)
+        gen = (stats if not gen else _add(gen, stats)) if stats else gen
+        fresh_groups = every_rank(world, groups_of(rollouts, rewards, version), tasks)
         pool += [g for g in fresh_groups if g.has_signal]
         zero += sum(not g.has_signal for g in fresh_groups)
-        rounds, generated = rounds + 1, generated + len(rollouts)
+        rounds, generated = rounds + 1, generated + sum(len(g.rollouts) for g in fresh_groups)
     used, run.carry = pool[:need], pool[need:]
     metrics = {"sample/rounds": float(rounds), "sample/generations": float(generated),
                "sample/groups_kept": float(len(used)), "sample/groups_zero_std": float(zero),
                "sample/carried_used": float(sum(g.version < version for g in used)),
                "sample/carried_dropped": float(stale),
                "sample/generations_per_kept_group": generated / max(len(used), 1)}
-    return used, gen, metrics
+    return world.share(used), gen, metrics
+
+
+def every_rank(world: World, groups: list[Group], tasks: list[Task]) -> list[Group]:
+    """Every rank's groups of one round, in rank order (this rank's: `groups`); one process:
+    `groups`."""
+    if world.size == 1:
+        return groups
+    by_id = {t.id: t for t in tasks}
+    parts = world.gather(carry_state(groups), "exchange of sampled groups")
+    return [g for r, part in enumerate(parts)
+            for g in (groups if r == world.rank else restore_carry(part, by_id))]
 
 
 def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:

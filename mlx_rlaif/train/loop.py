@@ -3,6 +3,11 @@ checkpoints and the periodic held-out evaluation (periodic.py), until `steps` st
 stop (a teacher's 401/403, the budget, Ctrl-C or SIGTERM: the step in progress finishes, a
 checkpoint is saved, the run ends).
 
+With several ranks every rank draws the same tasks and takes its share (step.py); after the
+step their metrics, records and stop reasons are gathered (distributed_metrics.sync_step), the
+curriculum sees every rank's results, and rank 0's clock decides the time budget: every rank
+stops at the same step.
+
 Not covered: the step's contents (step.py), setting up a run (trainer.py).
 """
 
@@ -26,6 +31,8 @@ from ..data import TaskOrder
 from ..data.curriculum import Stream
 from ..errors import TeacherError
 from ..records import Reward, Rollout, Task
+from .distributed import World
+from .distributed_metrics import sync_step
 from .periodic import periodic_eval
 from .run import Run, maybe_save, save, saved_at
 from .step import rl_step, sample_records, score, step_seed
@@ -47,7 +54,8 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
     interrupted = install_sigint()
     stream = Stream(tasks, order, run.state.epoch, run.state.cursor, run.curriculum)
     keys = cfg.data.curriculum_by
-    observe = (lambda rs, ws: run.curriculum.observe(pass_values(rs, ws), keys)) \
+    observe = (lambda rs, ws: run.curriculum.observe(
+        every_rank_values(run.world, pass_values(rs, ws), tasks), keys)) \
         if run.curriculum is not None else (lambda rs, ws: None)
     deadline = time.monotonic() + 60 * cfg.training.max_minutes if cfg.training.max_minutes \
         else math.inf
@@ -58,14 +66,17 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
         except TeacherError as e:
             run.stop = str(e)
             break
+        stop = getattr(run.reward_fn, "stop_reason", lambda: None)() or (
+            "interrupted" if interrupted() else None)
+        metrics, samples, stop = sync_step(run.world, metrics, samples, stop,  # every rank's
+                                           run.world.digest(run.policy))
         epoch_end = stream.epoch > s.epoch
         run.state = replace(run.state, epoch=stream.epoch, cursor=stream.cursor)
         run.state = track_reward(run.state, metrics.get("reward/mean"))
         metrics.update({"epoch": float(s.epoch + 1), "batch": float(s.cursor // P + 1)})
         hub.log_step(run.state.step, metrics)
         hub.log_samples(run.state.step, samples)
-        stop = getattr(run.reward_fn, "stop_reason", lambda: None)()
-        run.stop = stop or ("interrupted" if interrupted() else None)
+        run.stop = stop
         if epoch_end:
             hub.end_epoch(s.epoch + 1)
         maybe_save(run, hub, s.epoch + 1, s.cursor // P + 1, epoch_end)
@@ -75,7 +86,7 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
             run.stop = "interrupted" if interrupted() else None  # during the evaluation
         if run.stop:
             break
-        if time.monotonic() >= deadline:
+        if deadline < math.inf and run.world.first(lambda: time.monotonic() >= deadline):
             hub.message(f"time budget of {cfg.training.max_minutes:g} min reached after "
                         f"{run.state.step} steps")
             break
@@ -97,6 +108,17 @@ def pass_values(rollouts: list[Rollout], rewards: list[Reward]) -> list[tuple[Ta
              else float(w.value or 0.0)) for r, w in zip(rollouts, rewards, strict=True)]
 
 
+def every_rank_values(world: World, values: list[tuple[Task, float]], tasks: list[Task]
+                      ) -> list[tuple[Task, float]]:
+    """Every rank's (task, value) pairs (one process: `values`), so that every rank's
+    curriculum sees the same results and draws the same tasks."""
+    if world.size == 1:
+        return values
+    by_id = {t.id: t for t in tasks}
+    pairs = world.gather_flat([(t.id, v) for t, v in values], "exchange of pass rates")
+    return [(by_id[i], v) for i, v in pairs]
+
+
 def baseline(run: Run, tasks: list[Task], order: TaskOrder, hub: Any) -> float:
     """Mean reward of the first N batches, sampled before any update; their completions are the
     dataset's validation split."""
@@ -105,10 +127,13 @@ def baseline(run: Run, tasks: list[Task], order: TaskOrder, hub: Any) -> float:
         idx = order.batch(0, b * cfg.training.batch_size, cfg.training.batch_size)
         if not idx:
             break
-        rollouts, _ = run.sample([tasks[i] for i in idx], step_seed(cfg.training.seed + 1, b))
-        rewards = score(run, rollouts)
-        values += [r.value for r in rewards if r.value is not None]
-        hub.log_samples(0, sample_records(0, rollouts, rewards, split="validation"))
+        part, world = [tasks[i] for i in run.world.share(idx)], run.world  # this rank's share
+        rollouts = run.sample(part, world.rank_seed(step_seed(cfg.training.seed + 1, b)))[0] \
+            if part else []
+        rewards = world.agreed(lambda r=rollouts: score(run, r), "check of the scoring")
+        values += world.gather_flat([r.value for r in rewards if r.value is not None])
+        hub.log_samples(0, world.gather_flat(sample_records(0, rollouts, rewards,
+                                                            split="validation")))
     return float(np.mean(values)) if values else float("nan")
 
 

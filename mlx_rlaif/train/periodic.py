@@ -16,6 +16,9 @@ checkpoint are dropped (the resumed run does those steps again) and an evaluatio
 checkpoint's own step that has no row yet (a crash during it) runs first: no row is lost or
 written twice.
 
+With several ranks the evaluation is sharded over them (each its share of the tasks), rank 0
+alone writes eval.jsonl and the best checkpoint, and decides from its files on resume.
+
 Not covered: early stopping on the held-out score, evaluating with another reward than the run's,
 the periodic evaluations' completions in the collected dataset (the before/after ones are).
 """
@@ -33,6 +36,7 @@ from ..artifacts import checkpoint
 from ..config import prompts_per_step
 from ..metrics.jsonl import read_jsonl, trim_after
 from ..records import Task
+from .distributed_metrics import merge_eval
 from .evaluate import evaluate_tasks
 from .run import Run, save, saved_at
 
@@ -57,13 +61,14 @@ def periodic_eval(run: Run, tasks: Sequence[Task], hub: Any, epoch: int, batch: 
     d, step = run.cfg.data, run.state.step
     if not tasks or not is_due(step, d.eval_every):
         return None
-    res = evaluate_tasks(run.ops.sample, run.policy, tasks, run.reward_fn, run.cfg,
-                         n=d.eval_samples, seed=run.cfg.training.seed,
+    res = evaluate_tasks(run.ops.sample, run.policy, run.world.share(tasks), run.reward_fn,
+                         run.cfg, n=d.eval_samples, seed=run.world.rank_seed(run.cfg.training.seed),
                          temperature=d.eval_temperature)
+    res = merge_eval(run.world, res, [])[0]
     row: dict[str, Any] = {"eval/pass@1": res["pass@1"], "eval/reward_mean": res["reward_mean"],
                            "eval/tasks": res["n_tasks"], "eval/samples_per_task": d.eval_samples,
                            "eval/temperature": d.eval_temperature}
-    if run.cfg.training.keep_best:
+    if run.cfg.training.keep_best and run.world.rank == 0:
         name = checkpoint.checkpoint_name(epoch, batch, step)
         row["new_best"] = keep_if_best(run, hub, row, name)
     hub.log_eval(step, row)
@@ -100,8 +105,12 @@ def resume_history(run: Run, tasks: Sequence[Task], hub: Any) -> None:
     """On resume: drop eval.jsonl rows after the checkpoint's step, then run an evaluation due
     at that step whose row is missing."""
     path, step = Path(run.run_dir) / EVAL_LOG, run.state.step
-    trim_after(path, "step", step)
-    done = {r.get("step") for r in read_jsonl(path)}
+
+    def trimmed() -> list:  # rank 0's file (the other ranks write none)
+        trim_after(path, "step", step)
+        return [r.get("step") for r in read_jsonl(path)]
+
+    done = set(run.world.first(trimmed))
     if tasks and is_due(step, run.cfg.data.eval_every) and step not in done:
         s = run.state
         periodic_eval(run, tasks, hub, s.epoch + 1, s.cursor // prompts_per_step(run.cfg))

@@ -23,6 +23,7 @@ from ..config import Config, dump
 from ..records import Task
 from ..rewards.base import RewardFn
 from .carry import carry_state
+from .distributed import World
 from .multiturn import responder
 
 
@@ -41,6 +42,7 @@ class Run:
     stop: str | None = None
     carry: list = field(default_factory=list)  # dynamic sampling's groups for the next step
     curriculum: Any = None  # data.curriculum.Curriculum, with data.curriculum
+    world: World = field(default_factory=World)  # the data-parallel ranks (distributed.py)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -86,9 +88,12 @@ def saved_at(run: Run, step: int) -> bool:
     return latest is not None and checkpoint.checkpoint_step(latest) == step
 
 
-def save(run: Run, hub: Any, name: str) -> Path:
+def save(run: Run, hub: Any, name: str) -> Path | None:
     """A checkpoint through the backend. Its summary's reward gain is the metrics hub's (one
-    EMA of the reward for the whole run, rebuilt on resume from batches.jsonl)."""
+    EMA of the reward for the whole run, rebuilt on resume from batches.jsonl). Rank 0 alone
+    writes (None elsewhere; no collective here, so the ranks need not agree on the call)."""
+    if run.world.rank:
+        return None
     s, stats = run.state, hub.stats()
     summary = {"epoch": s.epoch, "global_step": s.step, "cursor": s.cursor,
                "baseline_reward": s.baseline_reward, "best_reward": s.best_reward,

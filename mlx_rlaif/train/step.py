@@ -6,6 +6,10 @@ reference log-probs, KL penalty); this module holds the order of the phases and 
 Advantages come from group baselines (`group_targets`) or, with `rl.advantage: gae`, from a
 critic (`critic_targets`). With `kl_penalty = 0` no reference forward runs.
 
+With several ranks (`run.world`: distributed.py) a step runs on this rank's share of the
+prompts (with dynamic sampling, of the groups collected by every rank); the batch statistics,
+the loss divisor and the gradients are summed over the ranks.
+
 Not covered: the loop around it (loop.py), off-policy (asynchronous) rollouts.
 """
 
@@ -44,15 +48,16 @@ def rl_step(run: Run, draw: Callable[..., list[Task]],
     targets = (critic_targets if cfg.rl.advantage == "gae" else group_targets)(
         run, rollouts, scores, kl_penalty)
     kept = [rollouts[i] for i in targets.keep]
+    shard = run.world.shard([r.trained_tokens for r in kept])  # None on one machine
     upd, skipped = ops.update(run.policy, run.optimizer, kept, targets.adv, targets.ref, cfg,
-                              kl_penalty, targets.critic)
+                              kl_penalty, targets.critic, shard=shard)
     ops.advance_reference(run.policy, cfg, run.state.step + 1)
     t3 = time.perf_counter()
     run.state = replace(run.state, step=run.state.step + 1,
                         reinforce_baseline=targets.summary.baseline,
                         skipped=run.state.skipped + skipped,
                         kl_penalty=adapt_kl(cfg, kl_penalty, (targets.kl or upd).get("kl/mean"),
-                                            len(kept)))
+                                            shard.sequences if shard else len(kept)))
     metrics = {**gen, **upd, **targets.kl,
                **step_metrics(rollouts, rewards, targets.summary, targets.keep),
                "kl/penalty": kl_penalty, "optim/skipped": float(run.state.skipped),
@@ -107,11 +112,12 @@ def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
         k1 = kl_k1(run, rollouts, ops.reference(run.policy, rollouts, cfg))
         values = [None if v is None else v - kl_penalty * float(k.sum())
                   for v, k in zip(scores, k1, strict=True)]
-        kl = {"kl/mean": float(np.concatenate(k1).mean()) if k1 else 0.0}
+        flat = np.concatenate(k1) if k1 else np.zeros(0)
+        kl = {"kl/mean": advantages.batch_moments(flat, run.world.reduce, std=False)[1]}
     adv = advantages.compute(values, [r.task.id for r in rollouts], cfg.rl.advantage,
                              cfg.rl.scale, cfg.rl.whiten, cfg.rl.drop_zero_std,
                              run.state.reinforce_baseline, cfg.rl.reinforce_decay,
-                             task_rewards=scores)
+                             task_rewards=scores, reduce=run.world.reduce)
     keep = [i for i in range(len(rollouts)) if adv.keep[i]
             and not (cfg.rl.mask_truncated and rollouts[i].truncated)]
     if kl_penalty > 0 and not cfg.rl.kl_in_reward and keep:
@@ -125,28 +131,40 @@ def critic_targets(run: Run, rollouts: list[Rollout], scores: list[float | None]
     token (a fresh head first set to this batch's mean reward), per-token rewards (the score on
     the last token; with the KL in the reward, -kl_penalty * k1 on each), GAE advantages
     whitened over the batch's tokens and the returns the value loss regresses on."""
-    cfg, ops, rl = run.cfg, run.ops, run.cfg.rl
-    valid = np.array([s is not None for s in scores])
+    cfg, ops, rl, reduce = run.cfg, run.ops, run.cfg.rl, run.world.reduce
+    valid = np.array([s is not None for s in scores], dtype=bool)
     keep = [i for i in range(len(rollouts)) if valid[i]
             and not (rl.mask_truncated and rollouts[i].truncated)]
     kept = [rollouts[i] for i in keep]
     ref = ops.reference(run.policy, kept, cfg) if kl_penalty > 0 and keep else None
-    mean = float(np.mean([scores[i] for i in keep])) if keep else None
-    values = ops.values(run.policy, kept, cfg, mean) if keep else []
+    n, mean, _ = advantages.batch_moments(np.array([scores[i] for i in keep], dtype=np.float64),
+                                          reduce, std=False)  # every rank's, with several
+    values = ops.values(run.policy, kept, cfg, mean if n else None) if n else []
     k1 = kl_k1(run, kept, ref) if ref is not None and rl.kl_in_reward else None
     per_seq = [gae(token_rewards(scores[i], len(r.tokens), k1[j] if k1 else None, kl_penalty),
                    v, rl.gamma, rl.lam)
                for j, (i, r, v) in enumerate(zip(keep, kept, values, strict=True))]
-    adv = whiten([a for a, _ in per_seq])
+    adv = whiten([a for a, _ in per_seq], reduce)
     summary = np.zeros(len(rollouts))
     summary[keep] = [float(a.mean()) if len(a) else 0.0 for a in adv]
     mask = np.zeros(len(rollouts), dtype=bool)
     mask[keep] = True
-    kl = {"kl/mean": float(np.concatenate(k1).mean())} if k1 else {}
+    kl = kl_mean(k1, reduce, kl_penalty > 0 and rl.kl_in_reward)
     return Targets(keep, adv, None if rl.kl_in_reward else ref,
                    {"returns": [ret for _, ret in per_seq], "old_values": values}, kl,
                    advantages.Advantages(summary, mask, np.zeros(len(rollouts), dtype=bool),
                                          valid, None))
+
+
+def kl_mean(k1: list[np.ndarray] | None, reduce: advantages.Reduce | None, wanted: bool
+            ) -> dict[str, float]:
+    """kl/mean over the tokens of k1 ({} without any): with several ranks (`reduce`), over
+    every rank's, whenever the config asks for it (`wanted`), so every rank sums."""
+    if not k1 and not (wanted and reduce is not None):
+        return {}
+    n, mean, _ = advantages.batch_moments(np.concatenate(k1) if k1 else np.zeros(0), reduce,
+                                          std=False)
+    return {"kl/mean": mean} if n else {}
 
 
 def gather(run: Run, draw: Callable[..., list[Task]],
@@ -157,16 +175,23 @@ def gather(run: Run, draw: Callable[..., list[Task]],
     dynamic-sampling metrics)."""
     need = prompts_per_step(run.cfg)
     if not run.cfg.rl.dynamic_sampling:
-        rollouts, rewards, gen = sample_scored(run, draw(need))
+        rollouts, rewards, gen = agreed_sample(run, run.world.share(draw(need)))
         observe(rollouts, rewards)
         return rollouts, rewards, gen, {}
     groups, gen, extra = collect(run, need, lambda n: draw(n, True),
-                                 lambda tasks, first: sample_scored(run, tasks, first), observe)
+                                 lambda tasks, first: agreed_sample(run, tasks, first), observe)
     return ([r for g in groups for r in g.rollouts], [w for g in groups for w in g.rewards],
             gen, extra)
 
 
 SCORERS = 4  # groups scored at once while decoding (the reward's own pool bounds the sandboxes)
+
+
+def agreed_sample(run: Run, tasks: list[Task], seeded: bool = True
+                  ) -> tuple[list[Rollout], list[Reward], dict[str, float]]:
+    """`sample_scored`; with several ranks, an error that stops the run (a teacher's 401) on
+    any of them is raised on all, before the next exchange."""
+    return run.world.agreed(lambda: sample_scored(run, tasks, seeded), "check of the scoring")
 
 
 def sample_scored(run: Run, tasks: list[Task], seeded: bool = True
@@ -193,7 +218,8 @@ def sample_chunks(run: Run, tasks: list[Task], seeded: bool = True,
     chunk with gradient accumulation), the sampling stream seeded once per step (`seeded`:
     here; else it continues). `on_group` sees each task's rollouts as soon as they have ended."""
     P = run.cfg.training.batch_size
-    seed = step_seed(run.cfg.training.seed, run.state.step) if seeded else None
+    seed = run.world.rank_seed(step_seed(run.cfg.training.seed, run.state.step)) if seeded \
+        else None
     rollouts, stats = [], {}
     for i in range(0, len(tasks), P):
         part, s = run.sample(tasks[i: i + P], seed if i == 0 else None, on_group)

@@ -10,8 +10,11 @@ saved state, with a printed line (`resumed_state`): today that is `rl.kl_penalty
 checkpoint is refused (artifacts/integrity.py; the CLI's `--resume` falls back to the one before).
 Tasks too long for the model's context are skipped with a line (fit.py).
 
-Not covered: several processes (data parallel), changing the model or LoRA shape on resume
-(refused by the checkpoint loader).
+With several ranks (`world`, distributed.py) every rank runs the same setup and checks; rank 0
+alone writes the run directory, and the others restore rank 0's checkpoint from a copy it sends
+them; the held-out evaluations are sharded over the ranks.
+
+Not covered: changing the model or LoRA shape on resume (refused by the checkpoint loader).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from ..records import Task
 from ..rewards.build import build_reward
 from ..rewards.exec.tasks import check_formats
 from .carry import restore_carry
+from .distributed import World
+from .distributed_metrics import SilentHub, check_same_weights, merge_eval
 from .evaluate import evaluate_tasks
 from .fit import context_length, fit_context
 from .loop import loop
@@ -48,25 +53,28 @@ log = logging.getLogger(__name__)
 EVAL_FILE = "eval.json"  # held-out evaluations of the run: {"before": {...}, "after": {...}}
 
 
-def prepare(cfg: Config, run_dir: Path, resume_from: Path | None):
-    """All checks that can fail on user input, before anything is written."""
+def prepare(cfg: Config, run_dir: Path, resume_from: Path | None, world: World | None = None):
+    """All checks that can fail on user input, before anything is written. With several
+    ranks, the run directory is rank 0's, and each rank builds its own reward (`rank_config`)."""
     from ..config import check
 
+    world = world or World()
     check(cfg)
     d = cfg.data
     tasks = load_tasks(d.train_file, d.languages, 0, d.difficulties)
     tasks = decontaminated(tasks, d)[: d.max_tasks or None]
     eval_tasks = load_tasks(d.eval_file, d.languages, 0, d.difficulties) if d.eval_file else []
-    if resume_from is None and checkpoint.list_checkpoints(run_dir):
+    if world.rank == 0 and resume_from is None and checkpoint.list_checkpoints(run_dir):
         raise ConfigError(f"output dir {run_dir} already holds a run: pass --resume to continue "
                           "it or choose another --output-dir")
-    if resume_from is not None and (why := problem(resume_from)):
+    if world.rank == 0 and resume_from is not None and (why := problem(resume_from)):
         raise CheckpointError(f"{resume_from} is damaged ({why}): resume from an earlier "
                               "checkpoint (--resume picks the newest whole one)")
     if cfg.reward.type == "exec":
         check_formats(tasks + eval_tasks)
     langs = {t.language for t in tasks + eval_tasks}
-    reward_fn = build_reward(cfg, run_dir, languages=langs)
+    reward_fn = build_reward(world.rank_config(cfg), None if world.rank else run_dir,
+                             languages=langs)
     return tasks, eval_tasks, reward_fn
 
 
@@ -128,10 +136,15 @@ def saved_config(ckpt: Path) -> Config | None:
 
 
 def train(cfg: Config, resume_from: Path | None = None, interactive: bool = False,
-          hub: Any = None) -> Path:
-    """Run (or resume) training; returns the run directory."""
+          hub: Any = None, world: World | None = None) -> Path:
+    """Run (or resume) training; returns the run directory. `world`: the data-parallel ranks
+    this process is one of (distributed.connect; default one process)."""
+    world = world or World()
+    world.check_engine(cfg.model.backend)
+    world.set_timeout(cfg.distributed.timeout_s)
     run_dir = Path(cfg.training.output_dir)
-    tasks, eval_tasks, reward_fn = prepare(cfg, run_dir, resume_from)
+    tasks, eval_tasks, reward_fn = world.agreed(lambda: prepare(cfg, run_dir, resume_from, world),
+                                                "check of the setup")
     ops = OPS[cfg.model.backend]()
     policy = ops.load(cfg)
     fit = (prompt_formatter(policy.tokenizer, cfg.model), context_length(policy.model),
@@ -139,12 +152,16 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     tasks, skipped = fit_context(tasks, *fit, "training")
     eval_tasks, eval_skipped = fit_context(eval_tasks, *fit, "held-out")
     steps = total_steps(cfg, len(tasks))
+    resume_from = world.copy_dir(resume_from)  # rank 0's checkpoint, on every rank
     saved = checkpoint.load_state(resume_from) if resume_from is not None else None
     horizon = schedule_horizon(cfg, steps, saved)
     optimizer = ops.optimizer(policy, cfg, horizon)
     state = checkpoint.LoopState(kl_penalty=cfg.rl.kl_penalty, total_updates=horizon)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint.clean_partial(run_dir)
+    if world.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint.clean_partial(run_dir)
+    if hub is None and world.rank:
+        hub = SilentHub()
     if hub is None:
         from ..metrics import MetricsHub
 
@@ -161,16 +178,18 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
                             f"launch ({horizon} updates), whatever training.max_steps says now")
             state = replace(state, total_updates=horizon)
             hub.message(f"resuming from {resume_from} (step {state.step})")
-        write_text_atomic(run_dir / "config.yaml", dump(cfg))
+        if world.rank == 0:
+            write_text_atomic(run_dir / "config.yaml", dump(cfg))
         run = Run(cfg, ops, policy, optimizer, reward_fn, run_dir, state,
-                  prompt_formatter(policy.tokenizer, cfg.model))
+                  prompt_formatter(policy.tokenizer, cfg.model), world=world)
+        check_same_weights(world, policy)
         d = cfg.data
         if d.curriculum:
             run.curriculum = Curriculum.of(tasks, d.curriculum_by, cfg.training.seed,
                                            d.curriculum_floor, d.curriculum_rate)
         if resume_from is not None:
             restore_sampling(run, resume_from, tasks)
-        if eval_tasks and "before" not in read_evals(run_dir):
+        if eval_tasks and world.first(lambda: "before" not in read_evals(run_dir)):
             held_out_eval(run, eval_tasks, hub, "before")
         periodic_tasks = eval_subset(eval_tasks, cfg.data.eval_max_tasks, cfg.training.seed
                                      ) if cfg.data.eval_every else []
@@ -198,20 +217,22 @@ def restore_sampling(run: Run, ckpt: Path, tasks: list[Task]) -> None:
 def held_out_eval(run: Run, tasks: list[Task], hub: Any, when: str) -> dict[str, float]:
     """pass@1 and mean reward on the held-out tasks, kept in eval.json under `when`
     ("before" training or "after" it) and reported to the hub."""
-    d, records = run.cfg.data, []
-    res = evaluate_tasks(run.ops.sample, run.policy, tasks, run.reward_fn, run.cfg,
-                         n=d.eval_samples, seed=run.cfg.training.seed,
+    d, records, world = run.cfg.data, [], run.world
+    res = evaluate_tasks(run.ops.sample, run.policy, world.share(tasks), run.reward_fn, run.cfg,
+                         n=d.eval_samples, seed=world.rank_seed(run.cfg.training.seed),
                          temperature=d.eval_temperature,
                          on_scored=lambda rs, rws: records.extend(
                              sample_records(run.state.step, rs, rws, split="evaluation")),
                          turns=run.cfg.generation.max_turns, converse=run.ops.converse)
+    res, records = merge_eval(world, res, records)  # every rank's share (sharded over ranks)
     hub.log_samples(run.state.step, records)
     summary = {"step": run.state.step, "tasks": res["n_tasks"], "samples_per_task": d.eval_samples,
                "temperature": d.eval_temperature, "pass@1": res["pass@1"],
                "reward_mean": res["reward_mean"],
                **{k: res[k] for k in ("pass@1_turn1", "turns_mean") if k in res}}
     evals = {**read_evals(run.run_dir), when: summary}
-    write_json_atomic(run.run_dir / EVAL_FILE, evals)
+    if world.rank == 0:
+        write_json_atomic(run.run_dir / EVAL_FILE, evals)
     line = (f"held-out eval {when} training ({res['n_tasks']} tasks x {d.eval_samples}, "
             f"T={d.eval_temperature}): pass@1 {res['pass@1']:.3f}, mean reward "
             f"{res['reward_mean']:.3f}")

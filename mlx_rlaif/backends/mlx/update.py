@@ -49,6 +49,7 @@ from ...config import Config, batch_sequences, micro_batch_size
 from ...cpu.blas import blas_threads, openblas_thread_fns
 from ...records import Rollout
 from .. import batch as batching
+from ..parallel import Shard
 from . import shared_prompt
 from .checkpointing import checkpointed_blocks
 from .loss import Split, chunked_value_and_grad, micro_batch_stats, needs_chunks, rl_loss
@@ -58,17 +59,21 @@ from .policy import Policy, adapters_loaded, lora_disabled
 def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], adv: Any,
            ref: list[np.ndarray] | None, cfg: Config, kl_penalty: float,
            traced: dict[str, Any] | None = None,
-           critic: dict[str, list[np.ndarray]] | None = None) -> tuple[dict[str, float], int]:
+           critic: dict[str, list[np.ndarray]] | None = None,
+           shard: Shard | None = None) -> tuple[dict[str, float], int]:
     """`num_iterations` optimizer updates on the kept rollouts, micro-batched: (metrics, the
     number of updates skipped for a non-finite loss or gradient). `adv`: one advantage per
     rollout, or (with a critic) one array per rollout, per token. `critic`: per-token `returns`
     and `old_values` for the value loss. `traced` keeps the compiled gradient function between
-    calls (a fresh one is traced when it is None)."""
-    if not rollouts:
+    calls (a fresh one is traced when it is None). `shard`: this rank's part of a data-parallel
+    step (backends/parallel.py): global loss divisor, gradients and aux sums summed over the
+    ranks after the micro-batch accumulation, before clipping and the optimizer step."""
+    if (shard.sequences if shard is not None else len(rollouts)) == 0:
         return {"train/tokens": 0.0}, 0
     lengths = [r.trained_tokens for r in rollouts]
     w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens,
-                            batch_sequences(cfg))
+                            batch_sequences(cfg), *((shard.tokens, shard.sequences) if shard
+                                                    else ()))
     mbs = [build(rollouts, rows, adv, w, ref, shared, critic)
            for rows, shared in micro_batches(policy.model, rollouts, cfg)]
     traced = {} if traced is None else traced
@@ -85,6 +90,8 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
                 grads = g if grads is None else tree_map(mx.add, grads, g)
                 aux = a if not aux else {k: aux[k] + a[k] for k in aux}
                 mx.eval(grads, aux)
+            if shard is not None:
+                grads, aux = reduce_over_ranks(model, grads, aux, shard)
             first = first or aux
             norm, stepped = apply_update(model, optimizer, grads, aux["loss"],
                                          cfg.training.max_grad_norm, traced)
@@ -93,6 +100,16 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
     seconds = time.perf_counter() - tic
     tokens = sum(lengths) * cfg.rl.num_iterations
     return update_metrics(aux, first, norm, optimizer, tokens, seconds), skipped
+
+
+def reduce_over_ranks(model: nn.Module, grads: Any, aux: dict[str, mx.array], shard: Shard
+                      ) -> tuple[Any, dict[str, mx.array]]:
+    """This rank's accumulated gradient and aux sums, summed over the ranks (a rank without
+    rollouts brings zeros, so its collective calls match the others')."""
+    if grads is None:
+        grads = tree_map(mx.zeros_like, model.trainable_parameters())
+    total = shard.sum({k: v.item() for k, v in aux.items()})
+    return shard.reduce_grads(grads), {k: mx.array(v, dtype=mx.float32) for k, v in total.items()}
 
 
 COMPILE_MAX_LOGITS_MB = 64  # larger micro-batch logits (rows x positions x vocab) run eagerly

@@ -27,6 +27,7 @@ from ...algo.aggregation import aggregation_weights
 from ...config import batch_sequences, micro_batch_size
 from ...records import Rollout
 from .. import batch as batching
+from ..parallel import Shard
 from .policy import TorchPolicy, token_logprobs
 
 kl_estimate = partial(objective.kl_estimate, xp=torch)
@@ -135,17 +136,19 @@ def make_optimizer(policy: TorchPolicy, cfg: Any, total_updates: int) -> AdamW:
 
 def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list[Rollout],
            adv: np.ndarray, ref: list[np.ndarray] | None, cfg: Any, kl_penalty: float,
-           critic: Any = None) -> tuple[dict[str, float], int]:
+           critic: Any = None, shard: Shard | None = None) -> tuple[dict[str, float], int]:
     """`num_iterations` optimizer updates on the kept rollouts, micro-batched, as the MLX
-    update: (metrics, the number of updates skipped for a non-finite loss or gradient)."""
+    update: (metrics, the number of updates skipped for a non-finite loss or gradient).
+    `shard`: this rank's part of a data-parallel step, as in the MLX update."""
     if critic is not None:
         raise NotImplementedError("the torch backend has no critic (refused by config.check)")
-    if not rollouts:
+    if (shard.sequences if shard is not None else len(rollouts)) == 0:
         return {"train/tokens": 0.0}, 0
     skipped = 0
     lengths = [r.trained_tokens for r in rollouts]
     w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens,
-                            batch_sequences(cfg))
+                            batch_sequences(cfg), *((shard.tokens, shard.sequences) if shard
+                                                    else ()))
     mbs = [to_torch(batching.build(rollouts[s], adv[s], w[s], ref[s] if ref is not None else None),
                     policy.device)
            for s in batching.chunks(len(rollouts), micro_batch_size(cfg))]
@@ -160,6 +163,10 @@ def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list
                                   policy.split)
                 loss.backward()
                 aux = {k: aux[k] + a[k] for k in aux} if aux else a
+            if shard is not None:  # summed over the ranks (zeros where a rank has no rollouts)
+                shard.reduce_grads([p for g in optimizer.param_groups for p in g["params"]])
+                aux = {k: torch.tensor(v) for k, v in
+                       shard.sum({k: float(v) for k, v in aux.items()}).items()}
             first = first or aux
             norm, ok = apply_update(optimizer, aux["loss"], cfg.training.max_grad_norm)
             skipped += not ok
