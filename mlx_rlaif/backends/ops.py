@@ -52,7 +52,7 @@ class Ops:
 
 
 def mlx_ops() -> Ops:
-    from .mlx import rollout, update
+    from .mlx import memory, rollout, update
     from .mlx.policy import adapter_config_for, load_policy
 
     traced: dict[str, Any] = {}  # the run's compiled gradient and optimizer step (update.py)
@@ -71,7 +71,9 @@ def mlx_ops() -> Ops:
                 ref: list[np.ndarray] | None, cfg: Config, kl_penalty: float
                 ) -> tuple[dict[str, float], int]:
         with training_fast_paths(policy.model):
-            return update.update(policy, optimizer, rollouts, adv, ref, cfg, kl_penalty, traced)
+            out = update.update(policy, optimizer, rollouts, adv, ref, cfg, kl_penalty, traced)
+        memory.clear_cache_if_large(int(cfg.training.max_memory_gb * memory.GiB))  # Metal only
+        return out
 
     def save(policy: Any, optimizer: Any, run_dir: Path, name: str,
              state: checkpoint.LoopState, extra: dict, config_text: str) -> Path:

@@ -49,6 +49,8 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any) -> None:
         run.state = replace(run.state, epoch=s.epoch + epoch_end, cursor=0 if epoch_end else cursor)
         run.state = track_reward(run.state, metrics.get("reward/mean"))
         metrics.update({"epoch": float(s.epoch + 1), "batch": float(s.cursor // P + 1)})
+        if cfg.training.max_memory_gb:  # the memory plan's budget (train/memory_plan.py)
+            metrics["memory/budget_gb"] = cfg.training.max_memory_gb
         hub.log_step(run.state.step, metrics)
         hub.log_samples(run.state.step, samples)
         stop = getattr(run.reward_fn, "stop_reason", lambda: None)()

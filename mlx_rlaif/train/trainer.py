@@ -1,7 +1,8 @@
 """Setting up and running a training run: `train(cfg, ...)` checks the inputs, loads the tasks,
 the reward, the model and its optimizer, resumes a checkpoint, evaluates the held-out tasks
 before and after, and runs the loop (loop.py). Every check that can fail on user input runs
-before anything is written (`prepare`).
+before anything is written (`prepare`; the memory plan, `memory_plan.resolve`, once the model is
+loaded: the run uses the config it resolves).
 
 On `--resume`, the loop state comes from the checkpoint (data cursor, baselines, the KL penalty
 the adaptive controller reached). A setting the user changed since the checkpoint wins over the
@@ -29,6 +30,7 @@ from ..records import Task
 from ..rewards.build import build_reward
 from .evaluate import evaluate_tasks
 from .loop import loop
+from .memory_plan import resolve
 from .run import Run
 from .step import sample_records
 
@@ -96,6 +98,13 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     tasks, eval_tasks, reward_fn = prepare(cfg, run_dir, resume_from)
     ops = OPS[cfg.model.backend]()
     policy = ops.load(cfg)
+    try:  # the memory plan: a run that cannot fit stops here
+        user_cfg, (cfg, memory_line) = cfg, resolve(cfg, getattr(policy, "model", None),
+                                                    tasks + eval_tasks,
+                                                    prompt_formatter(policy.tokenizer, cfg.model))
+    except ConfigError:
+        reward_fn.close()
+        raise
     steps = total_steps(cfg, len(tasks))
     saved = checkpoint.load_state(resume_from) if resume_from is not None else None
     horizon = schedule_horizon(cfg, steps, saved)
@@ -109,6 +118,7 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         hub = MetricsHub.create(cfg.logging, run_dir, interactive, steps, hparams(cfg),
                                 resume=resume_from is not None)
     try:
+        hub.message(memory_line)
         if resume_from is not None:
             state = resumed_state(ops.restore(policy, optimizer, resume_from), cfg,
                                   saved_config(resume_from), hub.message)
@@ -116,7 +126,7 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
                 hub.message(f"the learning-rate schedule keeps the horizon of the run's first "
                             f"launch ({horizon} updates), whatever training.max_steps says now")
             state = replace(state, total_updates=horizon)
-        (run_dir / "config.yaml").write_text(dump(cfg))
+        (run_dir / "config.yaml").write_text(dump(user_cfg))  # the plan is made again on resume
         run = Run(cfg, ops, policy, optimizer, reward_fn, run_dir, state,
                   prompt_formatter(policy.tokenizer, cfg.model))
         if eval_tasks and "before" not in read_evals(run_dir):
