@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "validate": "validate",
     "sft": "sft",
     "migrate-config": "migrate_config",
+    "doctor": "doctor",
 }
 
 
