@@ -40,19 +40,19 @@ def test_arithmetic_by_hand() -> None:
     assert memory.decode_bytes(S, W, 8) == (MB + MB // 2 + 2 * 512 * 256 + 4 * 4 * 8 * 4096)
     # a completion row: its prompt's last token + 100 tokens, padded to 8: 104 positions
     assert W.width == 104
-    # one block keeps (7 x 64 + 2 x 32 + 3 x 128) floats = 896 floats = 3584 bytes a position
-    assert memory.block_bytes(S) == 3584
-    # 4 rows x 104 positions = 416; every block (2): 416 x 2 x 3584; checkpointed: each block's
+    # one block keeps (7 x 64 + 2 x 32 + 2 x 128) floats = 768 floats = 3072 bytes a position
+    assert memory.block_bytes(S) == 3072
+    # 4 rows x 104 positions = 416; every block (2): 416 x 2 x 3072; checkpointed: each block's
     # input (64 floats) and one block's worth
-    assert memory.activation_bytes(S, W, 4, False) == 416 * 2 * 3584
-    assert memory.activation_bytes(S, W, 4, True) == 416 * (2 * 64 * 4 + 3584)
+    assert memory.activation_bytes(S, W, 4, False) == 416 * 2 * 3072
+    assert memory.activation_bytes(S, W, 4, True) == 416 * (2 * 64 * 4 + 3072)
     # the chunk of logits: 64 MB / (4 x 4096) = 4096 positions; 416 + 1 prompt x 20 are fewer
     assert memory.head_bytes(S, 436, 9) == 9 * 4 * 4096 * 436
     # the update of 4 rows: kept activations + the prompt's keys and values gathered to the 4
     # rows (2 layers x 2 x 32 floats x 20 positions) + hidden states and their gradient (2 x 416
     # x 64 floats) + one block's scores (3 copies, 4 heads, 104 x 124) + the loss's 9 chunks
     # of the 1 prompt x 20 + 416 positions
-    expected = (416 * 2 * 3584 + 2 * 2 * 32 * 4 * 4 * 20 + 2 * 416 * 64 * 4
+    expected = (416 * 2 * 3072 + 2 * 2 * 32 * 4 * 4 * 20 + 2 * 416 * 64 * 4
                 + 3 * 4 * 4 * 4 * 104 * 124 + 9 * 4 * 4096 * 436)
     assert memory.update_bytes(S, W, 4, False) == expected
     # weights + adapters with their gradient, summed gradient and AdamW's two moments
