@@ -40,21 +40,29 @@ def test_arithmetic_by_hand() -> None:
     assert memory.decode_bytes(S, W, 8) == (MB + MB // 2 + 2 * 512 * 256 + 4 * 4 * 8 * 4096)
     # a completion row: its prompt's last token + 100 tokens, padded to 8: 104 positions
     assert W.width == 104
-    # one block keeps (7 x 64 + 2 x 32 + 2 x 128) floats = 768 floats = 3072 bytes a position
-    assert memory.block_bytes(S) == 3072
-    # 4 rows x 104 positions = 416; every block (2): 416 x 2 x 3072; checkpointed: each block's
-    # input (64 floats) and one block's worth
-    assert memory.activation_bytes(S, W, 4, False) == 416 * 2 * 3072
-    assert memory.activation_bytes(S, W, 4, True) == 416 * (2 * 64 * 4 + 3072)
+    # one block keeps (7 x 64 + 2 x 32 + 3 x 128) floats = 896 floats = 3584 bytes a position
+    assert memory.block_bytes(S) == 3584
+    # 4 rows x 104 positions = 416; every block (2): 416 x 2 x 3584; checkpointed: each block's
+    # input (64 floats) and five blocks' worth (recomputed activations and their gradients)
+    assert memory.activation_bytes(S, W, 4, False) == 416 * 2 * 3584
+    assert memory.activation_bytes(S, W, 4, True) == 416 * (2 * 64 * 4 + 5 * 3584)
     # the chunk of logits: 64 MB / (4 x 4096) = 4096 positions; 416 + 1 prompt x 20 are fewer
     assert memory.head_bytes(S, 436, 9) == 9 * 4 * 4096 * 436
-    # the update of 4 rows: kept activations + the prompt's keys and values gathered to the 4
-    # rows (2 layers x 2 x 32 floats x 20 positions) + hidden states and their gradient (2 x 416
-    # x 64 floats) + one block's scores (3 copies, 4 heads, 104 x 124) + the loss's 9 chunks
-    # of the 1 prompt x 20 + 416 positions
-    expected = (416 * 2 * 3072 + 2 * 2 * 32 * 4 * 4 * 20 + 2 * 416 * 64 * 4
-                + 3 * 4 * 4 * 4 * 104 * 124 + 9 * 4 * 4096 * 436)
+    # the update of 4 rows: hidden states and their gradient (2 x 416 x 64 floats) + the
+    # prompt's keys and values gathered to the 4 rows (2 layers x 2 x 32 floats x 20
+    # positions) + kept activations + one block's scores (3 copies, 4 heads, 104 x 124) + the
+    # loss's 9 chunks of 1 prompt x 20 + 416 positions: all at once (one chunk holds them)
+    body = 416 * 2 * 3584 + 3 * 4 * 4 * 4 * 104 * 124
+    head = 9 * 4 * 4096 * 436
+    expected = 2 * 416 * 64 * 4 + 2 * 2 * 32 * 4 * 4 * 20 + body + head
     assert memory.update_bytes(S, W, 4, False) == expected
+    # more positions than a chunk: the loss's chunks run before the backward pass, the larger
+    # of the two counts
+    long = replace(W, new_tokens=2047, train_rows=4)  # 2048 positions a row, 8,192 in all
+    body = 8192 * 2 * 3584 + 3 * 4 * 4 * 4 * 2048 * 2068
+    head = 9 * 4 * 4096 * 4096
+    assert memory.update_bytes(S, long, 4, False) == (
+        2 * 8192 * 64 * 4 + 2 * 2 * 32 * 4 * 4 * 20 + max(body, head))
     # weights + adapters with their gradient, summed gradient and AdamW's two moments
     assert memory.fixed_bytes(S) == MB + 5 * 4 * 1000
 
@@ -66,15 +74,16 @@ def test_plan_takes_everything_when_it_fits() -> None:
 
 
 def test_plan_shrinks_micro_batch_then_checkpoints() -> None:
-    full = memory.fixed_bytes(S) + memory.update_bytes(S, W, 8, False)
-    p = memory.plan(S, W, full - 1)  # one row less fits
+    deep = replace(S, layers=24)  # checkpointing saves memory only where there are many blocks
+    full = memory.fixed_bytes(deep) + memory.update_bytes(deep, W, 8, False)
+    p = memory.plan(deep, W, full - 1)  # one row less fits
     assert p.micro_batch < 8 and not p.checkpoint
-    assert memory.fixed_bytes(S) + memory.update_bytes(S, W, p.micro_batch, False) <= full - 1
-    one = memory.fixed_bytes(S) + memory.update_bytes(S, W, 1, False)
-    p = memory.plan(S, W, one - 1)  # not even one row without checkpointing
+    assert memory.fixed_bytes(deep) + memory.update_bytes(deep, W, p.micro_batch, False) < full
+    one = memory.fixed_bytes(deep) + memory.update_bytes(deep, W, 1, False)
+    p = memory.plan(deep, W, one - 1)  # not even one row without checkpointing
     assert p.checkpoint and p.micro_batch >= 1
     with pytest.raises(ConfigError, match="training.grad_checkpoint"):
-        memory.plan(S, W, one - 1, checkpoint="off")
+        memory.plan(deep, W, one - 1, checkpoint="off")
 
 
 def test_plan_keeps_the_configs_choices_and_names_them() -> None:

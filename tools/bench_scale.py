@@ -2,7 +2,9 @@
 4-bit bases, peers side by side, each run in its own process under a memory cap.
 
     python tools/bench.py --scale                      # everything below (hours on 2 cores)
-    python tools/bench.py --scale --only peer,lengths  # some parts; results merge into --out
+    python tools/bench.py --scale --only peer,lengths  # some parts (or setting keys, e.g.
+                                                       # ours_0.5b_2x8x256); results merge into
+                                                       # --out (.bench/scale.json)
 
 Parts (`--only`), all P x G = 2 x 8, KL on (0.02), LoRA rank 8 on every linear layer, the
 syntax reward, every completion forced to its full length (EOS set to an id the model cannot
@@ -79,9 +81,13 @@ def main(args: Any) -> int:
         results.setdefault("runs", {})[key] = value
         save(out, results)
 
-    peer_py = bench.ensure_peer_venv(Path(args.peer_venv)) if "peer" in parts else ""
-    trl_py = ensure_trl_venv(BENCH / "trl-venv") if "trl" in parts else ""
-    for key, kind, spec, python in settings(parts, models, peer_py, trl_py):
+    chosen = [x for x in settings(list(PARTS), models, "peer", "trl")
+              if x[0] in parts or part_of(x[0]) in parts]
+    peer_py = bench.ensure_peer_venv(Path(args.peer_venv)) if any(
+        x[3] == "peer" for x in chosen) else ""
+    trl_py = ensure_trl_venv(BENCH / "trl-venv") if any(x[3] == "trl" for x in chosen) else ""
+    for key, kind, spec, python in chosen:
+        python = {"peer": peer_py, "trl": trl_py}.get(python, python)
         if key in results.get("runs", {}) and not args.fresh:
             print(f"bench: {key}: kept from {out}", flush=True)
             continue
@@ -116,6 +122,15 @@ def settings(parts: list[str], models: dict, peer_py: str, trl_py: str) -> list[
         out += [(f"probe_0.5b_q4_1x4x{T}", "probe", {"model": big, "T": T, "q": 4, "P": 1,
                                                     "G": 4}, "") for T in (256, 1024)]
     return out
+
+
+def part_of(key: str) -> str:
+    """The part a setting's key belongs to."""
+    if key.startswith(("peer_", "ours_0.5b_2x8x2", "ours_0.5b_2x8x5")):
+        return "peer"
+    if "_2x8x128" in key:
+        return "trl"
+    return "q4" if "q4" in key else "lengths"
 
 
 def save(out: Path, results: dict) -> None:

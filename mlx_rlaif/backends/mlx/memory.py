@@ -51,6 +51,7 @@ HEAD_CHUNKS_UPDATE = 9  # chunk-sized buffers the loss's head holds in the updat
 HEAD_CHUNKS_REFERENCE = 5  # ... in the reference pass (measured)
 SCORE_COPIES = 3  # score-sized arrays the attention of one block holds at once (measured)
 STEP_BUFFERS = 4  # vocabulary-sized float32 arrays per row of a decoding step (logits, sampler)
+RECOMPUTED = 5  # block-sized activations a checkpointed backward holds at once (measured)
 
 
 @dataclass(frozen=True)
@@ -112,11 +113,10 @@ def decode_bytes(s: Shape, w: Work, width: int) -> int:
 
 def block_bytes(s: Shape) -> int:
     """Activations one block keeps per position for its backward pass: its input, the two
-    norms' outputs, q, k, v, the attention's output, the residual, and two MLP-wide arrays
-    (the attention's probabilities and SwiGLU's product are recomputed; measured: 64 KB a
-    position and block at the 0.5B shape in float32, 16,256 floats)."""
+    norms' outputs, q, k, v, the attention's output, the residual, gate, up and their product
+    (the attention's probabilities and SwiGLU's sigmoid are recomputed)."""
     kv = s.kv_heads * s.head_dim
-    return (7 * s.hidden + 2 * kv + 2 * s.intermediate) * s.act_bytes
+    return (7 * s.hidden + 2 * kv + 3 * s.intermediate) * s.act_bytes
 
 
 def scores_bytes(s: Shape, rows: int, queries: int, keys: int) -> int:
@@ -131,24 +131,30 @@ def head_bytes(s: Shape, positions: int, chunks: int) -> int:
 
 
 def update_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
-    """Peak of one micro-batch's forward and backward pass: the kept activations (every
-    block's, or each block's input plus one block's with checkpointing), the prompts' keys and
-    values gathered to the rows, one block's attention scores, the hidden states and their
-    gradient, the loss's chunks."""
+    """Peak of one micro-batch's forward and backward pass: the hidden states and their
+    gradient, the prompts' keys and values gathered to the rows, then the larger of the loss's
+    chunks (its head runs before the transformer's backward pass: loss.chunked_value_and_grad)
+    and the kept activations (every block's, or each block's input plus the recomputed block's
+    with checkpointing) with one block's attention scores. A micro-batch whose logits fit one
+    chunk holds both at once (one pass)."""
     positions = rows * w.width
     own = min(w.prompts, -(-rows // w.group)) * w.prompt_len + positions
-    kept = activation_bytes(s, w, rows, checkpoint)
     prefix = 2 * s.layers * s.kv_heads * s.head_dim * s.act_bytes * rows * w.prompt_len
     hidden = 2 * positions * s.hidden * 4
-    attention = scores_bytes(s, rows, w.width, w.width + w.prompt_len)
-    return kept + prefix + hidden + attention + head_bytes(s, own, HEAD_CHUNKS_UPDATE)
+    body = (activation_bytes(s, w, rows, checkpoint)
+            + scores_bytes(s, rows, w.width, w.width + w.prompt_len))
+    head = head_bytes(s, own, HEAD_CHUNKS_UPDATE)
+    chunked = positions > chunk_tokens(s.vocab)
+    return hidden + prefix + (max(head, body) if chunked else head + body)
 
 
 def activation_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
-    """What the backward pass keeps for a micro-batch of `rows` completions."""
+    """What the backward pass keeps for a micro-batch of `rows` completions: every block's
+    activations, or with checkpointing each block's input and, while a block's backward pass
+    runs, its recomputed activations and their gradients (RECOMPUTED blocks' worth)."""
     positions = rows * w.width
     if checkpoint:
-        return positions * (s.layers * s.hidden * s.act_bytes + block_bytes(s))
+        return positions * (s.layers * s.hidden * s.act_bytes + RECOMPUTED * block_bytes(s))
     return positions * s.layers * block_bytes(s)
 
 
