@@ -22,7 +22,8 @@ run trains all 16 sequences, which it prints:
   runs them, without decoding) at 256, 512 and 1,024 tokens;
 - `model`: the memory model (backends/mlx/memory.py) against every measured 0.5B peak, then the
   expected peak of the 1.5B, 3B and 7B shapes (Qwen2.5's), 4-bit, bfloat16 activations, at
-  2 x 8 x 1,024: an estimate (no such run is possible here).
+  2 x 8 x 256, 512 and 1,024 with a 64-token prompt, planned for a 16 GB budget (and with
+  checkpointing on): an estimate (no such run is possible here).
 
 Each run is a child process (`--worker KIND`) in its own memory cgroup (`memory.limit_in_bytes`,
 cgroup v1; else `prlimit --as`) and under a wall-clock cap: an out-of-memory kill or the cap is
@@ -255,12 +256,14 @@ def model_check(runs: dict, model_05b: str) -> dict:
         s = shape_4bit(a)
         for T in (256, 512, 1024):
             w = memory.Work(P, G, 64, T, P * G)
-            p = memory.plan(s, w, 64 * memory.GiB)
+            p = memory.plan(s, w, 16 * memory.GiB)  # the target: a 16 GB Mac
+            ck = memory.plan(s, w, 16 * memory.GiB, checkpoint="on")
             table[f"{name}_{T}"] = {"peak_gb": p.peak / memory.GiB,
                                     "weights_gb": s.weight_bytes / memory.GiB,
                                     "micro_batch": p.micro_batch, "checkpoint": p.checkpoint,
                                     "decode_gb": p.decode / memory.GiB,
-                                    "update_gb": p.update / memory.GiB}
+                                    "update_gb": p.update / memory.GiB,
+                                    "peak_checkpointed_gb": ck.peak / memory.GiB}
     return {"check_0.5b": checked, "estimate_4bit_bf16": table}
 
 
