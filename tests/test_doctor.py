@@ -52,7 +52,7 @@ def test_doctor_says_a_config_does_not_fit(tmp_path: Path) -> None:
 
 
 def test_self_test_fails_where_containment_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    box = Sandbox("process")
+    box = Sandbox("auto")
     held = {c.name: c.ok for c in selftest.self_test(box)}
     assert held["trivial program"] and held["killed at its time limit"]
     assert held["memory limit held"]
