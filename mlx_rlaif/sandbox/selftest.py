@@ -48,10 +48,12 @@ class Check:
     detail: str
 
 
-def run_program(sandbox: Sandbox, source: str, *args: str, limits: Limits = LIMITS
+def run_program(sandbox: Sandbox, source: str, *args: str, limits: Limits | None = None
                 ) -> RunResult:
+    """`source` run as a Python file in a fresh box (LIMITS unless `limits` is given)."""
     with sandbox.box() as box:
-        return sandbox.run(box, [box.write("main.py", source), *args], limits, python_file=True)
+        return sandbox.run(box, [box.write("main.py", source), *args], limits or LIMITS,
+                           python_file=True)
 
 
 def self_test(sandbox: Sandbox) -> list[Check]:
