@@ -92,7 +92,8 @@ def main(args: Any) -> int:
         if key in results.get("runs", {}) and not args.fresh:
             print(f"bench: {key}: kept from {out}", flush=True)
             continue
-        record(key, capped(kind, spec, python=python or sys.executable))
+        record(key, capped(kind, spec, python=python or sys.executable,
+                           time_cap=spec.get("time_cap", TIME_CAP_S)))
     if "model" in parts:
         results["model"] = model_check(results.get("runs", {}), models["0.5b"])
         save(out, results)
@@ -102,18 +103,22 @@ def main(args: Any) -> int:
 
 
 def settings(parts: list[str], models: dict, peer_py: str, trl_py: str) -> list[tuple]:
-    """(key, worker, spec, python) of every run of the chosen parts, in order."""
+    """(key, worker, spec, python) of every run of the chosen parts, cheapest first within the
+    order peer 256, TRL tiny, lengths, 4-bit, TRL 0.5B, peer 512."""
     big, tiny, out = models["0.5b"], models["tiny"], []
+    trl = {shape: [(f"ours_{shape}_2x8x128", "ours", {"model": path, "T": 128, "steps": n}, ""),
+                   (f"torch_{shape}_2x8x128", "ours",
+                    {"model": path, "T": 128, "steps": n, "backend": "torch"}, ""),
+                   (f"trl_{shape}_2x8x128", "trl", {"model": path, "T": 128, "steps": n},
+                    trl_py)]
+           for shape, path, n in (("tiny", tiny, 2), ("0.5b", big, 1))}
+    peer = {T: [(f"ours_0.5b_2x8x{T}", "ours", {"model": big, "T": T}, ""),
+                (f"peer_0.5b_2x8x{T}", "peer", {"model": big, "T": T, "time_cap": 1500}, peer_py)]
+            for T in (256, 512)}
     if "peer" in parts:
-        for T in (256, 512):
-            out += [(f"ours_0.5b_2x8x{T}", "ours", {"model": big, "T": T}, ""),
-                    (f"peer_0.5b_2x8x{T}", "peer", {"model": big, "T": T}, peer_py)]
+        out += peer[256]
     if "trl" in parts:
-        for shape, path in (("tiny", tiny), ("0.5b", big)):
-            spec = {"model": path, "T": 128, "steps": 2 if shape == "tiny" else 1}
-            out += [(f"ours_{shape}_2x8x128", "ours", spec, ""),
-                    (f"torch_{shape}_2x8x128", "ours", {**spec, "backend": "torch"}, ""),
-                    (f"trl_{shape}_2x8x128", "trl", spec, trl_py)]
+        out += trl["tiny"]
     if "lengths" in parts:  # P x G x T from 512 to 4,096 completion tokens: main's 1 x 4 sweep
         out += [(f"ours_0.5b_1x4x{T}", "ours", {"model": big, "T": T, "P": 1, "G": 4}, "")
                 for T in (128, 256, 512, 1024)]
@@ -122,6 +127,10 @@ def settings(parts: list[str], models: dict, peer_py: str, trl_py: str) -> list[
                                                    "G": 4}, ""))
         out += [(f"probe_0.5b_q4_1x4x{T}", "probe", {"model": big, "T": T, "q": 4, "P": 1,
                                                     "G": 4}, "") for T in (256, 1024)]
+    if "trl" in parts:
+        out += trl["0.5b"]
+    if "peer" in parts:
+        out += peer[512]
     return out
 
 
