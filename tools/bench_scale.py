@@ -20,6 +20,9 @@ run trains all 16 sequences, which it prints:
 - `q4`: the 0.5B shape quantized to 4 bits at load: one full step at 32 tokens (memory) and
   train-only probes (synthetic rollouts through the reference pass and the update, as a step
   runs them, without decoding) at 256, 512 and 1,024 tokens;
+- `calibrate`: train-only probes at 2 x 8 x 256 (0.5B) with the micro-batch size and
+  checkpointing forced (4 off, 16 on, 4 on): the measurements the memory model's constants
+  come from (not part of the default run);
 - `model`: the memory model (backends/mlx/memory.py) against every measured 0.5B peak, then the
   expected peak of the 1.5B, 3B and 7B shapes (Qwen2.5's), 4-bit, bfloat16 activations, at
   2 x 8 x 256, 512 and 1,024 with a 64-token prompt, planned for a 16 GB budget (and with
@@ -52,7 +55,7 @@ TRL_SPEC = "trl==1.16.0"
 P, G, KL, RANK, SCALE = 2, 8, 0.02, 8, 20.0
 CAP_GB = 14.0  # memory cap of one run (the machine: 24 GB, shared)
 TIME_CAP_S = 1800
-PARTS = ("peer", "trl", "lengths", "q4", "model")
+PARTS = ("peer", "trl", "lengths", "q4", "calibrate", "model")
 SHAPES_7B = {  # Qwen2.5's shapes (config.json of each)
     "1.5B": dict(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936,
                  tied=True),
@@ -69,7 +72,7 @@ def main(args: Any) -> int:
     sys.path.insert(0, str(ROOT / "tools"))
     import bench
 
-    parts = args.only.split(",") if args.only else list(PARTS)
+    parts = args.only.split(",") if args.only else [p for p in PARTS if p != "calibrate"]
     out = Path(args.out if args.out != str(BENCH / "results.json") else BENCH / "scale.json")
     results = json.loads(out.read_text()) if out.is_file() else {}
     results.update(command="python tools/bench.py " + " ".join(sys.argv[1:]),
@@ -127,6 +130,11 @@ def settings(parts: list[str], models: dict, peer_py: str, trl_py: str) -> list[
                                                    "G": 4}, ""))
         out += [(f"probe_0.5b_q4_1x4x{T}", "probe", {"model": big, "T": T, "q": 4, "P": 1,
                                                     "G": 4}, "") for T in (256, 1024)]
+    if "calibrate" in parts:  # the memory model's constants: train-only, settings forced
+        out += [(f"calibrate_0.5b_2x8x256_m{m}_{ck}", "probe",
+                 {"model": big, "T": 256, "set": [f"training.micro_batch_size={m}",
+                                                  f"training.grad_checkpoint={ck}"]}, "")
+                for m, ck in ((4, "off"), (16, "on"), (4, "on"))]
     if "trl" in parts:
         out += trl["0.5b"]
     if "peer" in parts:
@@ -140,6 +148,8 @@ def part_of(key: str) -> str:
         return "peer"
     if "_2x8x128" in key:
         return "trl"
+    if key.startswith("calibrate"):
+        return "calibrate"
     return "q4" if "q4" in key else "lengths"
 
 
