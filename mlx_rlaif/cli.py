@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "sft": "sft",
     "migrate-config": "migrate_config",
     "data": "data",
+    "doctor": "doctor",
 }
 
 

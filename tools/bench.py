@@ -4,6 +4,7 @@
     python tools/bench.py --quick    # about 2 minutes: fewer repetitions, 16-token 0.5B step
     python tools/bench.py --quick --no-big --group 8    # other P x G x tokens: --prompts, --group,
                                                         # --max-tokens; results in --out (JSON)
+    python tools/bench.py --scale    # the scale benchmark: tools/bench_scale.py (hours)
 
 What it measures (BENCHMARKS.md explains each figure and has the latest results):
 - matmul GFLOP/s (fp32, n x n) with the system OpenBLAS preloaded (1 and 2 threads) and without;
@@ -31,8 +32,8 @@ Every completion is forced to the full token budget: the tokenizer's EOS is set 
 its own child process (this file with `--worker KIND`), so peak memory is per measurement and the
 BLAS setting is fixed at process start.
 
-Not covered: GPUs and Apple silicon (MLX's Metal backend), TRL (torch), quantized models, long
-prompts. The CPU may be shared: results are medians, ours and theirs interleaved, and the JSON
+Not covered here: GPUs and Apple silicon (MLX's Metal backend), long prompts; TRL, quantized
+models, real shapes and long completions are `--scale`'s (tools/bench_scale.py). The CPU may be shared: results are medians, ours and theirs interleaved, and the JSON
 records the load average around each worker.
 
 One file on purpose (longer than our usual modules): the same script runs as the orchestrator,
@@ -158,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args.worker, json.loads(args.spec))
+    if args.scale:  # real shapes, long completions, 4-bit, TRL: tools/bench_scale.py
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_scale
+
+        return bench_scale.main(args)
     plan = make_plan(args)
     command = "python tools/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     results = {"settings": plan, "command": command.strip(), "machine": machine()}
@@ -204,6 +210,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-peer", action="store_true", help="skip mlx-lm-lora")
     p.add_argument("--no-big", action="store_true", help="skip the 0.5B-shaped model")
     p.add_argument("--peer-venv", default=str(BENCH / "peer-venv"))
+    p.add_argument("--scale", action="store_true", help="the scale benchmark instead "
+                   "(tools/bench_scale.py: 0.5B shape, 256-1,024 tokens, 4-bit, TRL; hours)")
+    p.add_argument("--only", default="", help="--scale: parts to run, comma-separated "
+                   "(peer, trl, lengths, q4, model; default all)")
+    p.add_argument("--fresh", action="store_true", help="--scale: run settings already in --out "
+                   "again (default: keep them)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     return p.parse_args(argv)

@@ -61,7 +61,7 @@ class Ops:
 
 def mlx_ops() -> Ops:
     from ..artifacts.lora import critic_weights
-    from .mlx import rollout, update
+    from .mlx import memory, rollout, update
     from .mlx.policy import adapter_config_for, load_policy, start_value
 
     traced: dict[str, Any] = {}  # the run's compiled gradient and optimizer step (update.py)
@@ -100,8 +100,10 @@ def mlx_ops() -> Ops:
                 critic: dict | None = None, shard: Shard | None = None
                 ) -> tuple[dict[str, float], int]:
         with training_fast_paths(policy.model):
-            return update.update(policy, optimizer, rollouts, adv, ref, cfg, kl_penalty, traced,
-                                 critic, shard)
+            out = update.update(policy, optimizer, rollouts, adv, ref, cfg, kl_penalty, traced,
+                                critic, shard)
+        memory.clear_cache_if_large(int(cfg.training.max_memory_gb * memory.GiB))  # Metal only
+        return out
 
     def save(policy: Any, optimizer: Any, run_dir: Path, name: str,
              state: checkpoint.LoopState, extra: dict, config_text: str) -> Path:

@@ -117,7 +117,9 @@ class GenerationConfig:
     top_k: int = opt(0, "Top-k sampling (0: off).", _nonneg)
     prefill_once: bool = opt(True, "Prefill each prompt once and share its KV cache with the G "
                              "completions of its group.")
-    completion_batch_size: int = opt(0, "Most sequences decoded at once (0: all P x G).", _nonneg)
+    completion_batch_size: int = opt(0, "Most sequences decoded at once (0: as many of the P x G "
+                                     "as the memory plan fits, MLX; all of them, torch).",
+                                     _nonneg)
     score_while_decoding: bool = opt(True, "Score each group (sandbox, teacher) as soon as its "
                                      "last completion ends, while the rest still decode; the "
                                      "same rewards as scoring after. Single-turn only.")
@@ -229,13 +231,19 @@ class TrainingConfig:
         "x G sequences unless micro_batch_size is smaller): the update of a batch this many "
         "times larger in the memory of one.", _pos)
     micro_batch_size: int = opt(0, "Sequences per forward/backward; gradients accumulate over "
-                                "micro-batches (0: the whole batch at once, or each prompt's "
-                                "group at once with share_prompt; with gradient accumulation, "
+                                "micro-batches (0: MLX, the most the memory plan fits; torch, "
+                                "the whole batch at once, or with gradient accumulation "
                                 "batch_size x G).", _nonneg)
     grad_checkpoint: Literal["auto", "on", "off"] = opt(
         "auto", "Gradient checkpointing per transformer block in the update: on keeps only each "
         "block's input for the backward pass and recomputes the rest (about a third more "
         "compute, far less activation memory); auto: on where the memory plan needs it.")
+    max_memory_gb: float = opt(0.0, "MLX memory budget of the run in GB (2^30 bytes, as the "
+                               "memory/ metrics); 0: what the device can use (on Apple silicon "
+                               "85% of MLX's recommended working set, elsewhere 85% of the "
+                               "available RAM). The memory plan fits the decode width, the "
+                               "micro-batch size and checkpointing into it (where they are 0 / "
+                               "auto) and stops a run that cannot fit before it starts.", _nonneg)
     share_prompt: bool = opt(True, "Forward each prompt once for all its completions (same "
                              "result, fewer positions); off: every sequence in full. Models "
                              "without plain KV caches always take the full forward (MLX only).")

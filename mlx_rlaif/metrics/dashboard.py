@@ -3,12 +3,13 @@
 `Dashboard` keeps plain state under a lock; rich.live's own refresh thread renders it twice a
 second, so `step()` on the training thread only stores numbers (rendering stays off the hot path).
 It shows progress and ETA; reward mean, best, baseline and a sparkline trend; KL, loss, clip
-fraction, entropy; generation and training tokens/s and the step time split; memory; teacher
-calls, cost and cache hits (when a teacher runs); the judge against the exec reward (reward
-type mix: rank correlation, best-answer disagreement, failing-over-passing pairs); the periodic
-held-out evaluation (latest, best, trend); the latest completion with its scores, reason
-and rationale; the last health check. Messages and health lines print above the live panel, so
-they stay in the terminal's scrollback. `PlainPrinter` writes one line per
+fraction, entropy; generation and training tokens/s and the step time split; memory (MLX's
+peak against the memory plan's budget, RSS); teacher calls, cost and cache hits (when a teacher
+runs); the judge against the exec reward (reward type mix: rank correlation, best-answer
+disagreement, failing-over-passing pairs); the periodic held-out evaluation (latest, best,
+trend); the latest completion with its scores, reason and rationale; the last health check.
+Messages and health lines print above the live panel, so they stay in the terminal's
+scrollback. `PlainPrinter` writes one line per
 `log_every` steps (step, reward, KL, loss, clip fraction, tokens/s) for pipes, CI and
 `logging.dashboard: false`.
 
@@ -145,8 +146,10 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
         ("Step time", _time_split(m)),
         (
             "Memory",
-            f"MLX peak {fmt(m.get('memory/mlx_peak_gb'), '.2f')} GB  RSS "
-            f"{fmt(m.get('memory/rss_gb'), '.2f')} GB",
+            f"MLX peak {fmt(m.get('memory/mlx_peak_gb'), '.2f')} GB"
+            + (f" of {fmt(m.get('memory/budget_gb'), '.2f')} GB budget"
+               if finite(m.get("memory/budget_gb")) is not None else "")
+            + f"  RSS {fmt(m.get('memory/rss_gb'), '.2f')} GB",
         ),
     ]
     if s.evals:

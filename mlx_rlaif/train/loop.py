@@ -74,6 +74,8 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
         run.state = replace(run.state, epoch=stream.epoch, cursor=stream.cursor)
         run.state = track_reward(run.state, metrics.get("reward/mean"))
         metrics.update({"epoch": float(s.epoch + 1), "batch": float(s.cursor // P + 1)})
+        if cfg.training.max_memory_gb:  # the memory plan's budget (train/memory_plan.py)
+            metrics["memory/budget_gb"] = cfg.training.max_memory_gb
         hub.log_step(run.state.step, metrics)
         hub.log_samples(run.state.step, samples)
         run.stop = stop

@@ -2,7 +2,8 @@
 (less those overlapping `data.decontaminate_against`), the reward, the model and its optimizer,
 resumes a checkpoint, evaluates the held-out tasks before and after, and runs the loop
 (loop.py; the periodic evaluation is periodic.py). Every check that can fail on user input runs
-before anything is written (`prepare`).
+before anything is written (`prepare`; the memory plan, `memory_plan.resolve`, once the model is
+loaded: the run uses the config it resolves).
 
 On `--resume`, the loop state comes from the checkpoint (data cursor, baselines, the KL penalty
 the adaptive controller reached). A setting the user changed since the checkpoint wins over the
@@ -45,6 +46,7 @@ from .distributed_metrics import SilentHub, check_same_weights, merge_eval
 from .evaluate import evaluate_tasks
 from .fit import context_length, fit_context
 from .loop import loop
+from .memory_plan import resolve
 from .periodic import eval_subset, resume_history
 from .run import CARRY, CURRICULUM, Run
 from .step import sample_records
@@ -151,6 +153,13 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
            cfg.generation.max_new_tokens)
     tasks, skipped = fit_context(tasks, *fit, "training")
     eval_tasks, eval_skipped = fit_context(eval_tasks, *fit, "held-out")
+    try:  # the memory plan: a run that cannot fit stops here
+        user_cfg, (cfg, memory_line) = cfg, resolve(cfg, getattr(policy, "model", None),
+                                                    tasks + eval_tasks,
+                                                    prompt_formatter(policy.tokenizer, cfg.model))
+    except ConfigError:
+        reward_fn.close()
+        raise
     steps = total_steps(cfg, len(tasks))
     resume_from = world.copy_dir(resume_from)  # rank 0's checkpoint, on every rank
     saved = checkpoint.load_state(resume_from) if resume_from is not None else None
@@ -168,7 +177,7 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         hub = MetricsHub.create(cfg.logging, run_dir, interactive, steps, hparams(cfg),
                                 resume=resume_from is not None)
     try:
-        for line in filter(None, (skipped, eval_skipped)):
+        for line in filter(None, (skipped, eval_skipped, memory_line)):
             hub.message(line)
         if resume_from is not None:
             state = resumed_state(ops.restore(policy, optimizer, resume_from), cfg,
@@ -178,8 +187,8 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
                             f"launch ({horizon} updates), whatever training.max_steps says now")
             state = replace(state, total_updates=horizon)
             hub.message(f"resuming from {resume_from} (step {state.step})")
-        if world.rank == 0:
-            write_text_atomic(run_dir / "config.yaml", dump(cfg))
+        if world.rank == 0:  # the user's config: the memory plan is made again on resume
+            write_text_atomic(run_dir / "config.yaml", dump(user_cfg))
         run = Run(cfg, ops, policy, optimizer, reward_fn, run_dir, state,
                   prompt_formatter(policy.tokenizer, cfg.model), world=world)
         check_same_weights(world, policy)

@@ -1,0 +1,330 @@
+"""The memory model of an MLX run, the plan made from it before the first step, and the device's
+limits.
+
+A step's MLX memory is the base's weights and the adapters' state (always there) plus the
+largest of three phases: decoding (the KV cache of the rows decoding together, mlx-lm's caches
+growing in steps of 256 positions, the sampler's vocabulary-sized buffers, the fused adapter
+copy), the reference pass (a forward without gradients) and the update (the activations the
+backward pass keeps for a micro-batch, all of them or, with per-block checkpointing, each
+block's input plus one block's worth; the attention's scores; the loss's hidden states and its
+chunks of logits: loss.py). Each is a pure function of the model's shapes (`Shape`) and the
+step's (`Work`), in bytes; the constants that are not shapes (how many chunk-sized buffers the
+loss holds, how many score-sized ones the attention does) were measured on MLX's CPU backend
+(BENCHMARKS.md, "Scale": the model against measured peaks at the Qwen2.5-0.5B shape).
+
+`plan(...)` picks, where the config leaves them to it (0 / auto), the decode width, the
+micro-batch size and per-block checkpointing: the widest decoding and the largest micro-batch
+that fit the budget, a micro-batch's kept activations held under `ACTIVATION_TARGET` (more buys
+no speed: BENCHMARKS.md), checkpointing only where no micro-batch fits without it. A run that
+cannot fit raises ConfigError naming the setting to change.
+
+The budget (`device_budget`): `training.max_memory_gb`, else what the device can use: on Apple
+silicon MLX's recommended working set, elsewhere the available RAM, with `HEADROOM`. On Apple
+silicon (one device query, `recommended_working_set`) the wired limit is raised to the
+recommended size and MLX's buffer cache is cleared between steps once it holds more than
+`CACHE_CLEAR_SHARE` of the budget, as mlx-lm's trainer does (mlx-lm #828: memory creeping over
+a long run).
+
+Not covered: models other than decoder-only transformers with mlx-lm's `args` (no plan is made:
+`shape_of` returns None), rotating or quantized KV caches, memory outside MLX (Python, the
+tokenizer, the sandboxes: the headroom is for them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from ...errors import ConfigError
+from .loss import chunk_tokens
+
+GiB = 2**30
+HEADROOM = 0.85  # the share of the device's memory the default budget takes
+CACHE_STEP = 256  # mlx-lm's KVCache grows by this many positions
+ACTIVATION_TARGET = 2 * GiB  # kept activations of one micro-batch, at most, where the plan picks
+CACHE_CLEAR_SHARE = 0.1  # Metal: clear MLX's buffer cache past this share of the budget
+HEAD_CHUNKS_UPDATE = 9  # chunk-sized buffers the loss's head holds in the update (measured)
+HEAD_CHUNKS_REFERENCE = 5  # ... in the reference pass (measured)
+SCORE_COPIES = 3  # score-sized arrays the attention of one block holds at once (measured)
+STEP_BUFFERS = 4  # vocabulary-sized float32 arrays per row of a decoding step (logits, sampler)
+RECOMPUTED = 5  # block-sized activations a checkpointed backward holds at once (measured)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the memory depends on in a model. Bytes of an activation element: 4 (float32) or 2
+    (bfloat16, float16: what Metal runs quantized models in)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    weight_bytes: int  # the base's weights as loaded (quantized included)
+    act_bytes: int
+    lora_params: int  # adapter parameters (float32)
+    fused_bytes: int = 0  # the copy decoding with fused adapters makes (0: decodes unfused)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One step's sizes: P prompts (per rollout batch) x G completions of at most `new_tokens`
+    after prompts of at most `prompt_len` tokens; `train_rows` sequences per update."""
+
+    prompts: int
+    group: int
+    prompt_len: int
+    new_tokens: int
+    train_rows: int
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.group
+
+    @property
+    def width(self) -> int:
+        """Positions of a completion row in the update (its prompt's last token, padded to 8)."""
+        return -(-(self.new_tokens + 1) // 8) * 8
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+def kv_cache_bytes(s: Shape, rows: int, length: int) -> int:
+    """Keys and values of `rows` sequences of `length` positions, as mlx-lm allocates them."""
+    allocated = math.ceil(length / CACHE_STEP) * CACHE_STEP
+    return 2 * s.layers * s.kv_heads * s.head_dim * s.act_bytes * rows * allocated
+
+
+def decode_bytes(s: Shape, w: Work, width: int) -> int:
+    """Peak of decoding `width` rows: their caches (one layer's twice while it grows), the
+    prompts' prefilled caches, the step's vocabulary-sized buffers, the fused adapter copy."""
+    cache = kv_cache_bytes(s, width, w.prompt_len + w.new_tokens)
+    growing = cache // s.layers
+    prefill = kv_cache_bytes(s, w.prompts, w.prompt_len)
+    return cache + growing + prefill + STEP_BUFFERS * 4 * width * s.vocab + s.fused_bytes
+
+
+def block_bytes(s: Shape) -> int:
+    """Activations one block keeps per position for its backward pass: its input, the two
+    norms' outputs, q, k, v, the attention's output, the residual, gate, up and their product
+    (the attention's probabilities and SwiGLU's sigmoid are recomputed)."""
+    kv = s.kv_heads * s.head_dim
+    return (7 * s.hidden + 2 * kv + 3 * s.intermediate) * s.act_bytes
+
+
+def scores_bytes(s: Shape, rows: int, queries: int, keys: int) -> int:
+    """The attention of one block: float32 scores of every query against every key."""
+    return SCORE_COPIES * 4 * rows * s.heads * queries * keys
+
+
+def head_bytes(s: Shape, positions: int, chunks: int) -> int:
+    """The loss's vocabulary-sized buffers: `chunks` arrays of one chunk's float32 logits (or
+    of the whole micro-batch's, where it is smaller than a chunk)."""
+    return chunks * 4 * s.vocab * min(positions, chunk_tokens(s.vocab))
+
+
+def update_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
+    """Peak of one micro-batch's forward and backward pass: the hidden states and their
+    gradient, the prompts' keys and values gathered to the rows, then the larger of the loss's
+    chunks (its head runs before the transformer's backward pass: loss.chunked_value_and_grad)
+    and the kept activations (every block's, or each block's input plus the recomputed block's
+    with checkpointing) with one block's attention scores. A micro-batch whose logits fit one
+    chunk holds both at once (one pass)."""
+    positions = rows * w.width
+    own = min(w.prompts, -(-rows // w.group)) * w.prompt_len + positions
+    prefix = 2 * s.layers * s.kv_heads * s.head_dim * s.act_bytes * rows * w.prompt_len
+    hidden = 2 * positions * s.hidden * 4
+    body = (activation_bytes(s, w, rows, checkpoint)
+            + scores_bytes(s, rows, w.width, w.width + w.prompt_len))
+    head = head_bytes(s, own, HEAD_CHUNKS_UPDATE)
+    chunked = positions > chunk_tokens(s.vocab)
+    return hidden + prefix + (max(head, body) if chunked else head + body)
+
+
+def activation_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
+    """What the backward pass keeps for a micro-batch of `rows` completions: every block's
+    activations, or with checkpointing each block's input and, while a block's backward pass
+    runs, its recomputed activations and their gradients (RECOMPUTED blocks' worth)."""
+    positions = rows * w.width
+    if checkpoint:
+        return positions * (s.layers * s.hidden * s.act_bytes + RECOMPUTED * block_bytes(s))
+    return positions * s.layers * block_bytes(s)
+
+
+def reference_bytes(s: Shape, w: Work, rows: int) -> int:
+    """Peak of the reference pass over a micro-batch: one block's activations and scores at a
+    time, the hidden states, the loss's chunks."""
+    positions = rows * w.width
+    return (positions * (block_bytes(s) + s.hidden * 4)
+            + scores_bytes(s, rows, w.width, w.width + w.prompt_len)
+            + head_bytes(s, positions, HEAD_CHUNKS_REFERENCE))
+
+
+def fixed_bytes(s: Shape) -> int:
+    """Always held: the weights, and the adapters with their gradient, the gradient summed
+    over micro-batches and AdamW's two moments (float32)."""
+    return s.weight_bytes + 5 * 4 * s.lora_params
+
+
+def peak_bytes(s: Shape, w: Work, width: int, rows: int, checkpoint: bool) -> int:
+    return fixed_bytes(s) + max(decode_bytes(s, w, width), reference_bytes(s, w, rows),
+                                update_bytes(s, w, rows, checkpoint))
+
+
+# --- the plan -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget: int
+    decode_width: int
+    micro_batch: int
+    checkpoint: bool
+    peak: int  # predicted MLX peak of a step
+    weights: int
+    decode: int
+    update: int
+
+
+def plan(s: Shape, w: Work, budget: int, decode_width: int = 0, micro_batch: int = 0,
+         checkpoint: str = "auto") -> Plan:
+    """The decode width, micro-batch size and checkpointing a run takes within `budget` bytes;
+    a value the config sets (not 0 / auto) is kept and checked. ConfigError where nothing fits,
+    naming the setting to change."""
+    base = fixed_bytes(s)
+    if base >= budget:
+        raise ConfigError(f"the model's weights and adapters take {gb(base)} GB, over the "
+                          f"memory budget of {gb(budget)} GB: quantize the base "
+                          "(model.quantize: 4) or raise training.max_memory_gb")
+    width = pick_width(s, w, budget - base, decode_width)
+    options = {"auto": (False, True), "on": (True,), "off": (False,)}[checkpoint]
+    for ck in options:
+        rows = pick_rows(s, w, budget - base, micro_batch, ck)
+        if rows:
+            return Plan(budget, width, rows, ck, peak_bytes(s, w, width, rows, ck),
+                        s.weight_bytes, decode_bytes(s, w, width), update_bytes(s, w, rows, ck))
+    need = base + update_bytes(s, w, micro_batch or 1, options[-1])
+    fix = ("lower training.micro_batch_size" if micro_batch > 1 else
+           "set training.grad_checkpoint to auto or on" if checkpoint == "off" else
+           "lower generation.max_new_tokens, quantize the base (model.quantize: 4)")
+    raise ConfigError(f"the update of {micro_batch or 1} sequence(s) of {w.new_tokens} tokens "
+                      f"needs about {gb(need)} GB, over the memory budget of {gb(budget)} GB: "
+                      f"{fix} or raise training.max_memory_gb")
+
+
+def pick_width(s: Shape, w: Work, room: int, width: int) -> int:
+    """The decode width: `width` if set (checked), else the most rows up to P x G that fit."""
+    if width:
+        if decode_bytes(s, w, min(width, w.rows)) > room:
+            raise ConfigError(f"decoding {width} sequences of {w.new_tokens} tokens needs about "
+                              f"{gb(decode_bytes(s, w, width))} GB beside the weights, over "
+                              "the memory budget: lower generation.completion_batch_size or "
+                              "raise training.max_memory_gb")
+        return width
+    fits = [n for n in range(w.rows, 0, -1) if decode_bytes(s, w, n) <= room]
+    if not fits:
+        raise ConfigError(f"decoding one sequence of {w.new_tokens} tokens does not fit the "
+                          "memory budget: lower generation.max_new_tokens or raise "
+                          "training.max_memory_gb")
+    return fits[0]
+
+
+def pick_rows(s: Shape, w: Work, room: int, rows: int, checkpoint: bool) -> int:
+    """The micro-batch size: `rows` if set and it fits (else 0), else the most rows up to the
+    update's that fit `room` with kept activations under ACTIVATION_TARGET (at least one)."""
+    def fits(n: int) -> bool:
+        return max(update_bytes(s, w, n, checkpoint), reference_bytes(s, w, n)) <= room
+
+    if rows:
+        return rows if fits(min(rows, w.train_rows)) else 0
+    for n in range(w.train_rows, 0, -1):
+        if fits(n) and (n == 1 or activation_bytes(s, w, n, checkpoint) <= ACTIVATION_TARGET):
+            return n
+    return 0
+
+
+def gb(n: float) -> str:
+    return f"{n / GiB:.2f}"
+
+
+# --- the model's shapes ------------------------------------------------------------------------
+
+
+def shape_of(model: nn.Module, fused_bytes: int = 0) -> Shape | None:
+    """The shapes of a loaded mlx-lm model with its adapters (None where its `args` do not
+    name them)."""
+    a = getattr(model, "args", None)
+    names = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+             "vocab_size")
+    if a is None or not all(isinstance(getattr(a, n, None), int) for n in names):
+        return None
+    heads = a.num_attention_heads
+    head_dim = getattr(a, "head_dim", None) or a.hidden_size // heads
+    params = tree_flatten(model.parameters())
+    lora = sum(v.size for k, v in params if k.rsplit(".", 1)[-1] in ("lora_a", "lora_b"))
+    weights = sum(v.nbytes for k, v in params if k.rsplit(".", 1)[-1] not in ("lora_a", "lora_b"))
+    return Shape(a.num_hidden_layers, a.hidden_size, a.intermediate_size, heads,
+                 getattr(a, "num_key_value_heads", None) or heads, head_dim, a.vocab_size,
+                 weights, activation_itemsize(params), lora, fused_bytes)
+
+
+def activation_itemsize(params: list[tuple[str, mx.array]]) -> int:
+    """Bytes of the model's activations: the dtype of its quantization scales, else of its
+    floating-point weights."""
+    for suffix in ("scales", "weight"):
+        for k, v in params:
+            if k.endswith(suffix) and "lora" not in k and mx.issubdtype(v.dtype, mx.floating):
+                return v.dtype.size
+    return 4
+
+
+# --- the device -----------------------------------------------------------------------------------
+
+
+def recommended_working_set() -> int | None:
+    """MLX's recommended working set in bytes on Apple silicon (None elsewhere): the one device
+    query the Metal-only code below is guarded by."""
+    return mx.device_info().get("max_recommended_working_set_size")
+
+
+def available_ram() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def device_budget(max_memory_gb: float = 0.0) -> tuple[int, str]:
+    """(bytes, where they come from): the config's `max_memory_gb`, else HEADROOM of the
+    recommended working set (Apple silicon) or of the available RAM."""
+    if max_memory_gb > 0:
+        return int(max_memory_gb * GiB), "training.max_memory_gb"
+    metal = recommended_working_set()
+    if metal:
+        return int(HEADROOM * metal), f"{HEADROOM:.0%} of MLX's recommended working set"
+    return int(HEADROOM * available_ram()), f"{HEADROOM:.0%} of the available RAM"
+
+
+def set_device_limits() -> int | None:
+    """On Apple silicon, the wired limit raised to the recommended working set (mlx-lm's
+    `maybe_set_recommended_wired_limit`); returns the previous limit (None elsewhere)."""
+    if not recommended_working_set():
+        return None
+    from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+    return maybe_set_recommended_wired_limit()
+
+
+def clear_cache_if_large(budget: int) -> bool:
+    """On Apple silicon, clear MLX's buffer cache when it holds more than CACHE_CLEAR_SHARE of
+    `budget` bytes (mlx-lm's trainer's `_clear_cache`); returns whether it cleared."""
+    if not recommended_working_set() or mx.get_cache_memory() <= CACHE_CLEAR_SHARE * budget:
+        return False
+    mx.clear_cache()
+    return True

@@ -1,0 +1,239 @@
+"""`mlx-rlaif doctor [--config F]`: what a user checks before a night's training. The device, the
+BLAS MLX multiplies with, the sandbox's mode and a self-test (a trivial program runs, a hostile
+one is contained), the memory budget and what the config needs of it (the memory plan), then a
+probe: a few real steps of the configured run in a temporary directory (nothing is written to
+the run directory; held-out evaluations, baselines, TensorBoard and checkpoints off), and the
+time per step and per run projected from it.
+
+Exit code 0 when every check held, 1 when one did not (a sandbox property its mode claims, a
+config that does not fit its budget, a probe that failed).
+
+Not covered: the held-out evaluations' time (the projection says so), a teacher's API beyond
+the probe's own calls (with a teacher reward the probe calls it, as the run would).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..assets import QUICKSTART
+from ..config import Config, load
+from ..errors import ConfigError, RlaifError
+
+HELP = ("Check the device, BLAS, the sandbox, the memory plan and a 2-step probe of a config "
+        "before a long run.")
+GB = 2**30
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config (default: the quickstart)")
+    p.add_argument("--model", help="model directory or hub id (model.path)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.add_argument("--steps", type=int, default=2, help="steps of the probe (default 2)")
+    p.add_argument("--no-probe", action="store_true", help="skip the probe")
+
+
+def say(label: str, text: str) -> None:
+    for i, line in enumerate(text.splitlines() or [""]):
+        print(f"{label if i == 0 else '':<10}{line}", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = ([f"model.path={args.model}"] if args.model else []) + list(args.set)
+    cfg = load(args.config or str(QUICKSTART), overrides)
+    if args.steps < 1:
+        raise ConfigError("--steps must be 1 or more")
+    say("device", device_line())
+    say("BLAS", blas_line())
+    ok = sandbox_report(cfg)
+    plan_ok = memory_report(cfg)
+    if plan_ok and not args.no_probe:
+        ok = probe_report(cfg, args.steps) and ok
+    return 0 if ok and plan_ok else 1
+
+
+# --- device and BLAS ---------------------------------------------------------------------------
+
+
+def device_line() -> str:
+    import mlx.core as mx
+    import psutil
+
+    from ..backends.mlx import memory
+
+    vm = psutil.virtual_memory()
+    info = mx.device_info()
+    device = "cpu" if mx.default_device() == mx.cpu else "gpu"
+    line = (f"{platform.system()} {platform.machine()}, MLX {mx.__version__} on {device} "
+            f"({info.get('device_name', '?')}), {os.cpu_count()} cores, "
+            f"RAM {vm.total / GB:.1f} GB ({vm.available / GB:.1f} GB available)")
+    metal = memory.recommended_working_set()
+    if metal:
+        line += f", Metal's recommended working set {metal / GB:.1f} GB"
+    return line
+
+
+def blas_line() -> str:
+    import mlx.core as mx
+
+    from ..cpu import active
+    from ..cpu.blas import default_threads, fast_blas_active, find_fast_blas, train_threads
+
+    if mx.default_device() != mx.cpu:
+        return "Metal (the GPU multiplies; nothing to set up)"
+    n = 1024
+    a = mx.random.normal((n, n))
+    mx.eval(a @ a)
+    tic = time.perf_counter()
+    mx.eval(a @ a)
+    rate = f"matmul {n}: {2 * n**3 / (time.perf_counter() - tic) / 1e9:.0f} GFLOP/s"
+    if fast_blas_active():
+        threads = os.environ.get("OPENBLAS_NUM_THREADS", str(default_threads()))
+        per_phase = f", {train_threads()} training" if active() else ""
+        return f"OpenBLAS preloaded: {threads} thread(s) decoding{per_phase}; {rate}"
+    hint = ("installed but not preloaded (MLX_RLAIF_FAST_BLAS=0?)" if find_fast_blas()
+            else "apt-get install libopenblas0-pthread")
+    return f"MLX's bundled reference BLAS, slow: {hint}; {rate}"
+
+
+# --- sandbox -------------------------------------------------------------------------------------
+
+
+def sandbox_report(cfg: Config) -> bool:
+    from ..sandbox import Sandbox
+    from ..sandbox.selftest import self_test
+
+    e = cfg.reward.exec
+    try:
+        sandbox = Sandbox(e.sandbox, slots=1, uid_base=e.uid_base, python=e.python)
+    except RlaifError as err:
+        say("sandbox", f"cannot start: {err}")
+        return False
+    used = "" if cfg.reward.type in ("exec", "mix") else f" (reward.type {cfg.reward.type}: unused)"
+    checks = self_test(sandbox)
+    lines = [f"{sandbox.describe()}{used}"]
+    for c in checks:
+        mark = {True: "ok", False: "FAILED", None: "not covered"}[c.ok]
+        lines.append(f"{c.name}: {mark}" + (f" ({c.detail})" if c.detail else ""))
+    say("sandbox", "\n".join(lines))
+    return all(c.ok is not False for c in checks)
+
+
+# --- memory and the probe ----------------------------------------------------------------------
+
+
+def memory_report(cfg: Config) -> bool:
+    """The budget and the plan for the configured model (loaded once here, then released)."""
+    from ..backends.mlx import memory
+    from ..backends.ops import OPS
+    from ..backends.sampling import prompt_formatter
+    from ..data import load_tasks
+    from ..train import memory_plan
+
+    budget, source = memory.device_budget(cfg.training.max_memory_gb)
+    head = f"budget {memory.gb(budget)} GB ({source})"
+    if cfg.model.backend != "mlx":
+        say("memory", f"{head}; no plan (MLX only)")
+        return True
+    d = cfg.data
+    tasks = load_tasks(d.train_file, d.languages, d.max_tasks, d.difficulties)
+    policy = OPS["mlx"]().load(cfg)
+    fmt = prompt_formatter(policy.tokenizer, cfg.model)
+    try:
+        plan, shape = memory_plan.make_plan(cfg, policy.model, memory_plan.longest_prompt(
+            fmt, tasks), budget)
+    except ConfigError as e:
+        say("memory", f"{head}: DOES NOT FIT: {e}")
+        return False
+    finally:
+        del policy
+        gc.collect()
+    if plan is None:
+        say("memory", f"{head}; no plan (the model's shapes are unknown)")
+        return True
+    run_cfg = memory_plan.resolved(cfg, plan, budget)
+    say("memory", memory_plan.startup_line(plan, budget, source, run_cfg).removeprefix(
+        "memory: ") + "\n" + breakdown(plan, shape))
+    return True
+
+
+def breakdown(plan: Any, shape: Any) -> str:
+    from ..backends.mlx import memory
+
+    adapters = memory.fixed_bytes(shape) - shape.weight_bytes
+    return (f"weights {memory.gb(plan.weights)} GB + adapters and AdamW "
+            f"{memory.gb(adapters)} GB + the largest phase: decoding {memory.gb(plan.decode)} "
+            f"GB, update {memory.gb(plan.update)} GB = {memory.gb(plan.peak)} GB of "
+            f"{memory.gb(plan.budget)} GB")
+
+
+def probe_config(cfg: Config, out: str, steps: int) -> Config:
+    """The run as configured, `steps` steps into `out`, with nothing beside the steps."""
+    t, lg = cfg.training, cfg.logging
+    return replace(
+        cfg, data=replace(cfg.data, eval_file=""),
+        training=replace(t, output_dir=out, max_steps=steps, save_every_batches=0,
+                         save_every_epochs=0, save_mlx_model_bits=0),
+        logging=replace(lg, tensorboard=False, dashboard=False, collect_dataset=False,
+                        baseline_eval_batches=0, health_check_enabled=False))
+
+
+def probe(cfg: Config, steps: int) -> list[dict]:
+    """`steps` real steps of `cfg` in a temporary directory: their batches.jsonl records."""
+    from ..metrics import MetricsHub
+    from ..metrics.dashboard import PlainPrinter
+    from ..metrics.jsonl import read_jsonl
+    from ..train import train
+
+    with tempfile.TemporaryDirectory(prefix="mlx-rlaif-doctor-") as tmp:
+        run_cfg = probe_config(cfg, str(Path(tmp) / "run"), steps)
+        run_dir = Path(run_cfg.training.output_dir)
+        run_dir.mkdir()
+        view = PlainPrinter(steps, 1, io.StringIO())
+        hub = MetricsHub(run_cfg.logging, run_dir, view, None, None, False)
+        train(run_cfg, hub=hub)
+        return list(read_jsonl(run_dir / "batches.jsonl"))
+
+
+def probe_report(cfg: Config, steps: int) -> bool:
+    from ..data import load_tasks
+    from ..train.trainer import total_steps
+
+    try:
+        records = probe(cfg, steps)
+    except RlaifError as e:
+        say("probe", f"FAILED: {e}")
+        return False
+    times = [r["time/step"] for r in records]
+    peak = max(r.get("memory/mlx_peak_gb", 0.0) for r in records)
+    split = {k: statistics.mean(r[f"time/{k}"] for r in records)
+             for k in ("generate", "score", "train")}
+    total = sum(split.values()) or 1.0
+    say("probe", f"{len(records)} step(s) of {cfg.model.path} in a temporary directory: "
+        + ", ".join(f"{t:.2f}" for t in times) + " s ("
+        + ", ".join(f"{k} {v / total:.0%}" for k, v in split.items())
+        + f"); MLX peak {peak:.2f} GB, trained {sum(r['train/sequences'] for r in records):.0f}"
+        " sequences")
+    d = cfg.data
+    n = total_steps(cfg, len(load_tasks(d.train_file, d.languages, d.max_tasks,
+                                        d.difficulties)))
+    per_step = statistics.median(times[1:] or times)  # the first step traces and warms up
+    say("projected", f"{per_step:.2f} s per step; {n} steps: {hms(per_step * n)} per run "
+        "(held-out evaluations and checkpoints not included)")
+    return True
+
+
+def hms(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h {s % 3600 // 60:02d}m {s % 60:02d}s"

@@ -1,0 +1,107 @@
+"""The run's memory plan, made once before the first step: the budget, the model's real shapes
+and the config's sizes go through the memory model (`backends/mlx/memory.py`), and the choices
+it makes where the config leaves them open (`generation.completion_batch_size` 0,
+`training.micro_batch_size` 0, `training.grad_checkpoint: auto`) are written into the config
+the run uses (`resolve`: a new frozen Config, the user's file unchanged). A run that cannot fit
+stops here with a ConfigError naming the setting to change. `startup_line` says the budget and
+what was chosen; `memory/budget_gb` goes to the metrics.
+
+The prompt length is the longest, in tokens, of the 8 longest tasks by characters (formatted as
+the run formats them): the plan is made before any prompt is sampled.
+
+Not covered: the torch backend (no plan: its settings are taken as they are; CUDA has its own
+allocator), models whose shapes the memory model does not know (`memory.shape_of` is None: the
+settings are taken as they are, auto checkpointing off).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..backends.mlx import memory
+from ..config import Config, batch_sequences, micro_batch_size
+from ..records import Task
+
+LONGEST = 8  # tasks tokenized to estimate the longest prompt
+
+
+def longest_prompt(fmt: Callable[[Task], list[int]], tasks: Sequence[Task]) -> int:
+    """Tokens of the longest prompt among the LONGEST longest tasks (by characters)."""
+    longest = sorted(tasks, key=lambda t: len(t.prompt), reverse=True)[:LONGEST]
+    return max((len(fmt(t)) for t in longest), default=1)
+
+
+def work_of(cfg: Config, prompt_len: int) -> memory.Work:
+    return memory.Work(prompts=cfg.training.batch_size,
+                       group=cfg.generation.num_samples_per_prompt, prompt_len=prompt_len,
+                       new_tokens=cfg.generation.max_new_tokens,
+                       train_rows=micro_batch_size(cfg) or batch_sequences(cfg))
+
+
+def fused_bytes(model: Any, cfg: Config) -> int:
+    """The copy decoding with fused adapters makes (policy.lora_fused), or 0."""
+    from ..backends.mlx.policy import fused_lora_bytes
+
+    size = fused_lora_bytes(model)
+    return size if size is not None and size <= cfg.generation.fuse_lora_max_mb * 2**20 else 0
+
+
+def make_plan(cfg: Config, model: Any, prompt_len: int, budget: int
+              ) -> tuple[memory.Plan | None, memory.Shape | None]:
+    """The plan for `model` within `budget` bytes (None where its shapes are unknown)."""
+    shape = memory.shape_of(model, fused_bytes(model, cfg))
+    if shape is None:
+        return None, None
+    t = cfg.training
+    return memory.plan(shape, work_of(cfg, prompt_len), budget,
+                       cfg.generation.completion_batch_size, t.micro_batch_size,
+                       t.grad_checkpoint), shape
+
+
+def resolved(cfg: Config, plan: memory.Plan | None, budget: int) -> Config:
+    """The config the run uses: the plan's choices where the config left them open (0 / auto;
+    a choice that covers the whole batch stays 0), the budget in max_memory_gb."""
+    t, g = cfg.training, cfg.generation
+    ck = t.grad_checkpoint
+    if ck == "auto":
+        ck = "on" if plan is not None and plan.checkpoint else "off"
+    micro, width = t.micro_batch_size, g.completion_batch_size
+    if plan is not None and not micro and plan.micro_batch < (micro_batch_size(cfg)
+                                                               or batch_sequences(cfg)):
+        micro = plan.micro_batch
+    rows = t.batch_size * g.num_samples_per_prompt
+    if plan is not None and not width and plan.decode_width < rows:
+        width = plan.decode_width
+    return replace(cfg, training=replace(t, grad_checkpoint=ck, micro_batch_size=micro,
+                                         max_memory_gb=budget / memory.GiB),
+                   generation=replace(g, completion_batch_size=width))
+
+
+def startup_line(plan: memory.Plan | None, budget: int, source: str, cfg: Config) -> str:
+    """`memory: budget 13.60 GB (85% of the available RAM); plan: ...`"""
+    head = f"memory: budget {memory.gb(budget)} GB ({source})"
+    if cfg.model.backend != "mlx":
+        return f"{head}; no plan (MLX only): the torch backend takes its settings as they are"
+    if plan is None:
+        return f"{head}; no plan (the model's shapes are unknown): settings taken as they are"
+    t, g = cfg.training, cfg.generation
+    width = g.completion_batch_size or t.batch_size * g.num_samples_per_prompt
+    micro = micro_batch_size(cfg) or batch_sequences(cfg)
+    return (f"{head}; plan: weights {memory.gb(plan.weights)} GB, decoding {width} sequences "
+            f"at once, micro-batches of {micro} sequences, checkpointing "
+            f"{t.grad_checkpoint}: peak about {memory.gb(plan.peak)} GB")
+
+
+def resolve(cfg: Config, model: Any, tasks: Sequence[Task], fmt: Callable[[Task], list[int]]
+            ) -> tuple[Config, str]:
+    """(the config the run uses, the startup line), before the first step; ConfigError where
+    the run cannot fit its budget. On Apple silicon the wired limit is set here."""
+    budget, source = memory.device_budget(cfg.training.max_memory_gb)
+    plan = None
+    if cfg.model.backend == "mlx":
+        plan, _ = make_plan(cfg, model, longest_prompt(fmt, tasks), budget)
+        memory.set_device_limits()
+    run_cfg = resolved(cfg, plan, budget)
+    return run_cfg, startup_line(plan, budget, source, run_cfg)
