@@ -52,7 +52,7 @@ def test_the_metrics_move_when_the_judge_starts_paying_for_failing_code(tmp_path
                 "data.eval_file=", "training.max_steps=6", "training.save_every_batches=0",
                 "logging.tensorboard=false", "logging.collect_dataset=false",
                 "logging.health_check_interval_batches=3", "reward.type=mix",
-                "reward.agreement_window=2", "reward.teacher.provider=openai",
+                "reward.agreement_window=3", "training.batch_size=8", "reward.teacher.provider=openai",
                 "reward.teacher.model=judge", f"reward.teacher.base_url={srv.openai_url}",
                 "reward.teacher.reference=false", "reward.teacher.concurrency=8"])
             hub = FlipAfter(MetricsHub.create(cfg.logging, run_dir, False, 6, {}), flip,

@@ -22,6 +22,7 @@ from mlx_rlaif.artifacts import checkpoint
 from mlx_rlaif.config import load
 from mlx_rlaif.config.seed import NOTES, translate
 from mlx_rlaif.errors import ConfigError
+from mlx_rlaif.train.distributed import World
 
 SEED = Path(__file__).parent / "data" / "seed_config.yaml"
 
@@ -100,8 +101,8 @@ def _deterministic_sampling(monkeypatch):
 
     real = Run.sample
 
-    def per_task(self, tasks, seed):
-        outs = [real(self, [t], 1000 + int(t.id[1:]) + 100 * self.state.step)
+    def per_task(self, tasks, seed, on_group=None):
+        outs = [real(self, [t], 1000 + int(t.id[1:]) + 100 * self.state.step, on_group)
                 for t in tasks]
         stats = outs[0][1]
         return [r for rs, _ in outs for r in rs], stats
@@ -148,14 +149,15 @@ def test_an_accumulated_step_samples_batch_size_prompts_at_a_time():
 
     calls = []
 
-    def sample(tasks, seed):
+    def sample(tasks, seed, on_group=None):
         calls.append((list(tasks), seed))
         return [f"r{t}" for t in tasks], {"gen/tokens": 2.0, "gen/seconds": 1.0,
                                           "gen/tokens_per_sec": 2.0, "gen/decode_width": 4.0,
                                           "gen/decode_width_mean": 3.0}
 
     cfg = load(None, ["training.batch_size=2", "training.gradient_accumulation_steps=3"])
-    run = SimpleNamespace(cfg=cfg, state=checkpoint.LoopState(step=5), sample=sample)
+    run = SimpleNamespace(cfg=cfg, state=checkpoint.LoopState(step=5), sample=sample,
+                          world=World())
     rollouts, stats = sample_chunks(run, [0, 1, 2, 3, 4, 5])
     assert calls == [([0, 1], step_seed(0, 5)), ([2, 3], None), ([4, 5], None)]
     assert rollouts == [f"r{i}" for i in range(6)]
