@@ -214,6 +214,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(tools/bench_scale.py: 0.5B shape, 256-1,024 tokens, 4-bit, TRL; hours)")
     p.add_argument("--only", default="", help="--scale: parts to run, comma-separated "
                    "(peer, trl, lengths, q4, model; default all)")
+    p.add_argument("--time-cap", type=float, default=None, help="--scale: wall-clock cap of "
+                   "each run in seconds (default 1800; the peer's 0.5B steps 1500)")
     p.add_argument("--fresh", action="store_true", help="--scale: run settings already in --out "
                    "again (default: keep them)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -525,7 +527,7 @@ class Ours:
         from mlx_rlaif.train.step import rl_step
 
         for _ in range(iters):
-            m, _ = rl_step(self.run, self.tasks)
+            m, _ = rl_step(self.run, lambda n, **_: self.tasks[:n])
             for k, key in _OURS_KEYS:
                 self.t[k].append(m[key])
             self.t["reference_pass"].append("kl/mean" in m)  # the LoRA-off forward ran

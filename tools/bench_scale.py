@@ -96,7 +96,7 @@ def main(args: Any) -> int:
             print(f"bench: {key}: kept from {out}", flush=True)
             continue
         record(key, capped(kind, spec, python=python or sys.executable,
-                           time_cap=spec.get("time_cap", TIME_CAP_S)))
+                           time_cap=args.time_cap or spec.get("time_cap", TIME_CAP_S)))
     if "model" in parts:
         results["model"] = model_check(results.get("runs", {}), models["0.5b"])
         save(out, results)
@@ -402,7 +402,7 @@ def w_ours(spec: dict) -> dict:
     run, tasks = _run(spec)
     steps = []
     for _ in range(spec.get("steps", 1)):
-        m, _ = rl_step(run, tasks)
+        m, _ = rl_step(run, lambda n, **_: tasks[:n])
         steps.append(m)
     last = steps[-1]
     return {"step_s": last["time/step"], "generate_s": last["time/generate"],
