@@ -152,7 +152,7 @@ def prepare(args: argparse.Namespace) -> int:
 def train_rl(arm: str, seed: int, minutes: float, out: Path) -> None:
     recipe = QUICKSTART if arm == "current" else RECIPE
     sets = {"current": ["data.difficulties=[]", "generation.score_while_decoding=false"],
-            "new": []}.get(arm) or ABLATIONS[arm]
+            "new": [], **ABLATIONS}[arm]
     args = ["train", "--config", str(recipe), "--output-dir", str(out), "--no-dashboard",
             "--set", f"data.train_file={WORK / 'train.jsonl'}", "--set", "data.eval_file=",
             "--set", f"training.seed={seed}", "--set", f"training.max_minutes={minutes}",
