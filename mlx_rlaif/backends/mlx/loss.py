@@ -153,9 +153,20 @@ def chunked_value_and_grad(model: nn.Module, split: Split, rl: Any, temperature:
     a third more compute than one backward pass); the head is frozen (its gradient is not
     taken)."""
 
+    def surrogate(m: nn.Module, mb: dict[str, mx.array], d_hidden: mx.array) -> mx.array:
+        h = shared_prompt.batch_logits(split.body, mb)
+        out = (h * d_hidden).sum()
+        return out + rl.value_coef * critic_loss(m, h, mb, rl)[0] if "returns" in mb else out
+
+    grad_of = nn.value_and_grad(model, surrogate)
+    # the transformer's passes compiled (as the unchunked update is): eager MLX pays per op,
+    # which on a small model costs more than the arithmetic; the head's chunks stay eager
+    body = with_model_state(lambda mb: shared_prompt.batch_logits(split.body, mb), model)
+    body_grads = with_model_state(lambda mb, d_hidden: grad_of(model, mb, d_hidden)[1], model)
+
     def fn(mb: dict[str, mx.array], kl_penalty: mx.array) -> Any:
         targets = mb["tokens"][:, 1:]
-        hidden = mx.stop_gradient(shared_prompt.batch_logits(split.body, mb))
+        hidden = mx.stop_gradient(body(mb))
         mx.eval(hidden)
         logp, entropy = head_stats(split, hidden, targets, temperature)
 
@@ -165,13 +176,7 @@ def chunked_value_and_grad(model: nn.Module, split: Split, rl: Any, temperature:
         (loss, aux), (d_logp, d_ent) = mx.value_and_grad(loss_of, argnums=(0, 1))(logp, entropy)
         d_hidden = head_grad(split, hidden, targets, temperature, d_logp, d_ent)
         critic = "returns" in mb
-
-        def surrogate(m: nn.Module) -> mx.array:
-            h = shared_prompt.batch_logits(split.body, mb)
-            out = (h * d_hidden).sum()
-            return out + rl.value_coef * critic_loss(m, h, mb, rl)[0] if critic else out
-
-        grads = nn.value_and_grad(model, surrogate)(model)[1]
+        grads = body_grads(mb, d_hidden)
         if critic:
             v_loss, v_aux = critic_loss(model, hidden, mb, rl)
             loss = loss + rl.value_coef * v_loss
@@ -179,6 +184,13 @@ def chunked_value_and_grad(model: nn.Module, split: Split, rl: Any, temperature:
         return (loss, aux), grads
 
     return fn
+
+
+def with_model_state(fn: Callable[..., Any], model: nn.Module) -> Callable[..., Any]:
+    """`fn` under `mx.compile`, the model's arrays and MLX's random state implicit inputs and
+    outputs (retraced for each new input shape, as every compiled update here is)."""
+    state = [model.state, mx.random.state]
+    return mx.compile(fn, inputs=state, outputs=state)
 
 
 def exp(x: mx.array) -> mx.array:
