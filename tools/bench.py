@@ -160,10 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args.worker, json.loads(args.spec))
     if args.scale:  # real shapes, long completions, 4-bit, TRL: tools/bench_scale.py
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import bench_scale
-
-        return bench_scale.main(args)
+        scale = Path(__file__).resolve().with_name("bench_scale.py")
+        return subprocess.call([sys.executable, str(scale),
+                                *(sys.argv[1:] if argv is None else argv)])
     plan = make_plan(args)
     command = "python tools/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     results = {"settings": plan, "command": command.strip(), "machine": machine()}

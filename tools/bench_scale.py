@@ -508,9 +508,14 @@ def w_trl(spec: dict) -> dict:
             **_memory()}
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `tools/bench.py --scale ...` starts this file with its arguments
     import argparse
 
+    if "--worker" not in sys.argv:
+        sys.path.insert(0, str(ROOT / "tools"))
+        import bench
+
+        sys.exit(main(bench.parse_args(sys.argv[1:])))
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", required=True)
     ap.add_argument("--spec", required=True)
