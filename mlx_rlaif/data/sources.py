@@ -30,7 +30,7 @@ def read_records(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
                         "directory")
     if p.suffix == ".parquet":
         return _parquet(p)
-    return list(_jsonl(p))
+    return list(jsonl_records(p))
 
 
 def is_dataset_dir(path: str | Path) -> bool:
@@ -40,12 +40,20 @@ def is_dataset_dir(path: str | Path) -> bool:
                            or (p / "dataset_dict.json").is_file())
 
 
-def _jsonl(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+def jsonl_records(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, record) for each non-blank line of a JSONL file; where = 'file:line'. Bad UTF-8,
+    bad JSON and a line that is not an object are one DataError naming the line; a byte-order
+    mark (editors on Windows) is allowed at the start."""
+    with p.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            where = f"{p}:{n}"
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+                                f"{e.start + 1}): save the file as UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{p}:{n}"
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:

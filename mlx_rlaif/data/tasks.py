@@ -15,7 +15,6 @@ Not covered: streaming files larger than memory, weighting or curriculum between
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..records import Task
-from .sources import read_records
+from .sources import jsonl_records, read_records
 
 LANGUAGES = ("python", "cpp", "rust")
 _LANG_ALIASES = {"py": "python", "python3": "python", "c++": "cpp", "cxx": "cpp", "rs": "rust"}
@@ -37,26 +36,7 @@ def read_jsonl(path: str | Path) -> list[tuple[str, dict]]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"task file {p} not found: pass an existing JSONL file or suite:NAME")
-    out = []
-    with p.open("rb") as f:
-        for n, raw in enumerate(f, 1):
-            where = f"{p}:{n}"
-            try:  # a byte-order mark (editors on Windows) is allowed at the start
-                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
-                                f"{e.start + 1}): save the file as UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg}): one JSON object per line"
-                                ) from None
-            if not isinstance(rec, dict):
-                raise DataError(f"{where}: expected a JSON object with a prompt")
-            out.append((where, rec))
-    return out
+    return list(jsonl_records(p))
 
 
 def task_from_record(rec: dict[str, Any], where: str) -> Task:
