@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from recording_hub import RecordingHub
+from resume_check import assert_resumed_equals_straight
 
 from mlx_rlaif.artifacts import checkpoint
 from mlx_rlaif.config import load
@@ -117,11 +118,7 @@ def test_dynamic_sampling_and_curriculum_train_and_resume_exactly(tmp_path):
     two = next(p for p in checkpoint.list_checkpoints(straight) if p.name.endswith("gs2"))
     assert (two / "curriculum.json").is_file()
     resumed = train(cfg(tmp_path / "a", 3), resume_from=two, hub=RecordingHub())
-    a = mx.load(str(next(p for p in checkpoint.list_checkpoints(straight)
-                         if p.name.endswith("gs3")) / checkpoint.ADAPTERS))
-    b = mx.load(str(checkpoint.latest_checkpoint(resumed) / checkpoint.ADAPTERS))
-    for k in a:
-        np.testing.assert_allclose(np.array(b[k]), np.array(a[k]), rtol=1e-5, atol=1e-7)
+    assert_resumed_equals_straight(straight, resumed, 3)
 
 
 @pytest.mark.slow

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 import pytest
 from recording_hub import RecordingHub
+from resume_check import assert_resumed_equals_straight
 
 from mlx_rlaif.algo.aggregation import aggregation_weights
 from mlx_rlaif.artifacts import checkpoint
@@ -145,11 +145,7 @@ def test_two_turn_training_resumes_exactly(micro_model, add_tasks, tmp_path):
     assert any("turns" in s for s in hub.samples)
     two = next(p for p in checkpoint.list_checkpoints(straight) if p.name.endswith("gs2"))
     resumed = train(cfg(tmp_path / "a", 3), resume_from=two, hub=RecordingHub())
-    a = mx.load(str(next(p for p in checkpoint.list_checkpoints(straight)
-                         if p.name.endswith("gs3")) / checkpoint.ADAPTERS))
-    b = mx.load(str(checkpoint.latest_checkpoint(resumed) / checkpoint.ADAPTERS))
-    for k in a:
-        np.testing.assert_allclose(np.array(b[k]), np.array(a[k]), rtol=1e-5, atol=1e-7)
+    assert_resumed_equals_straight(straight, resumed, 3)
 
 
 def test_turn_metrics_by_hand():
