@@ -7,7 +7,8 @@ run 2.5-4x slower than `mx.power(2, x)`. `fast_cpu_kernels(model)` swaps, for th
 modules call for versions written with 2**(x log2 e), and restores them on exit. The attention
 stacks the query heads that share a key head as rows of one matrix product (mx.fast's CPU
 fallback broadcasts the keys instead). Their custom backward passes recompute the sigmoid and the
-attention probabilities from the inputs instead of keeping them. They equal mlx-lm's, values and
+attention probabilities from the inputs instead of keeping them (under `mx.compile` too,
+which would otherwise merge the recomputation with the forward's: `_after`). They equal mlx-lm's, values and
 gradients, up to float32 rounding (tests/test_cpu_kernels.py). On the Qwen2.5-0.5B shape the
 update ran 27 -> 20 s and its peak memory fell 5.07 -> 4.43 GB (BENCHMARKS.md).
 
@@ -121,7 +122,17 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
 @swiglu.vjp
 def _swiglu_grad(primals: tuple[mx.array, mx.array], cotangent: mx.array,
                  output: mx.array) -> tuple[mx.array, mx.array]:
-    return _swiglu_vjp(*primals, cotangent)
+    gate, x = _after(list(primals), cotangent)
+    return _swiglu_vjp(gate, x, cotangent)
+
+
+def _after(inputs: list[mx.array], cotangent: mx.array) -> list[mx.array]:
+    """`inputs`, made to depend on the cotangent, so that what a backward pass recomputes from
+    them is computed in the backward pass. Without it `mx.compile` sees the recomputation as the
+    same expression as the forward's and merges the two, keeping every layer's attention
+    probabilities (or SwiGLU's sigmoid) from the forward to the backward: at the Qwen2.5-0.5B
+    shape, 1,024 tokens, ~80 MB a layer (tests/test_cpu_kernels.py)."""
+    return mx.depends(inputs, [cotangent])
 
 
 def _mask_array(mask: Any, q_len: int, k_len: int, heads: int, kv_heads: int) -> mx.array:
@@ -161,6 +172,7 @@ def _attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array) -> mx.arra
 def _attention_grad(primals: tuple, cotangent: mx.array, output: mx.array) -> tuple:
     """The probabilities are recomputed from q and k, so the forward keeps nothing of its own."""
     q, k, v, mask = primals
+    q, k = _after([q, k], cotangent)
     p = _probs(q, k, mask)
     dv = p.astype(v.dtype).swapaxes(-1, -2) @ cotangent
     dp = (cotangent @ v.swapaxes(-1, -2)).astype(mx.float32)
