@@ -108,7 +108,23 @@ def test_activation_target_bounds_the_micro_batch() -> None:
     long = replace(W, prompts=2, group=8, new_tokens=1024, train_rows=16)
     p = memory.plan(big, long, 100 * GiB)
     assert p.micro_batch < 16
-    assert memory.activation_bytes(big, long, p.micro_batch, False) <= memory.ACTIVATION_TARGET
+    assert memory.activation_bytes(big, long, p.micro_batch, p.checkpoint) <= (
+        memory.ACTIVATION_TARGET)
+
+
+def test_auto_checkpoints_a_row_over_the_activation_target() -> None:
+    """Bounded memory whatever the length: where one sequence's activations are over
+    ACTIVATION_TARGET, `auto` checkpoints (even with room to spare); `off` keeps one row."""
+    big = replace(S, layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64)
+    long = replace(W, prompts=1, group=4, new_tokens=1024, train_rows=4)
+    assert memory.activation_bytes(big, long, 1, False) > memory.ACTIVATION_TARGET
+    p = memory.plan(big, long, 100 * GiB)
+    assert p.checkpoint and p.micro_batch >= 1
+    assert memory.activation_bytes(big, long, p.micro_batch, True) <= memory.ACTIVATION_TARGET
+    off = memory.plan(big, long, 100 * GiB, checkpoint="off")
+    assert (off.micro_batch, off.checkpoint) == (1, False)
+    short = replace(long, new_tokens=64)  # under the aim: no checkpointing
+    assert not memory.plan(big, short, 100 * GiB).checkpoint
 
 
 def test_shape_of_a_loaded_model(micro_model: Path) -> None:

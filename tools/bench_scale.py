@@ -16,7 +16,8 @@ run trains all 16 sequences, which it prints:
   after the other: step time, generate / train split, MLX peak memory and peak RSS;
 - `trl`: our MLX step, our torch backend's and TRL's `GRPOTrainer` on torch CPU (TRL in its own
   virtual environment, torch from the system's site packages) at the tiny and 0.5B shapes;
-- `lengths`: our peak memory at 128, 256, 512 and 1,024 tokens (0.5B), full steps;
+- `lengths`: our peak memory at 128, 256, 512 and 1,024 tokens (0.5B), full steps, 1 x 4;
+  `lengths_ck` the same with per-block checkpointing on (`training.grad_checkpoint: on`);
 - `q4`: the 0.5B shape quantized to 4 bits at load: one full step at 32 tokens (memory) and
   train-only probes (synthetic rollouts through the reference pass and the update, as a step
   runs them, without decoding) at 256, 512 and 1,024 tokens;
@@ -55,7 +56,7 @@ TRL_SPEC = "trl==1.16.0"
 P, G, KL, RANK, SCALE = 2, 8, 0.02, 8, 20.0
 CAP_GB = 14.0  # memory cap of one run (the machine: 24 GB, shared)
 TIME_CAP_S = 1800
-PARTS = ("peer", "trl", "lengths", "q4", "calibrate", "model")
+PARTS = ("peer", "trl", "lengths", "lengths_ck", "q4", "calibrate", "model")
 SHAPES_7B = {  # Qwen2.5's shapes (config.json of each)
     "1.5B": dict(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936,
                  tied=True),
@@ -125,6 +126,10 @@ def settings(parts: list[str], models: dict, peer_py: str, trl_py: str) -> list[
     if "lengths" in parts:  # P x G x T from 512 to 4,096 completion tokens: main's 1 x 4 sweep
         out += [(f"ours_0.5b_1x4x{T}", "ours", {"model": big, "T": T, "P": 1, "G": 4}, "")
                 for T in (128, 256, 512, 1024)]
+    if "lengths_ck" in parts:  # the same with per-block checkpointing on: bounded activations
+        out += [(f"ours_0.5b_1x4x{T}_ck", "ours", {"model": big, "T": T, "P": 1, "G": 4,
+                                                   "set": ["training.grad_checkpoint=on"]}, "")
+                for T in (128, 256, 512, 1024)]
     if "q4" in parts:
         out.append(("ours_0.5b_q4_1x4x32", "ours", {"model": big, "T": 32, "q": 4, "P": 1,
                                                    "G": 4}, ""))
@@ -150,6 +155,8 @@ def part_of(key: str) -> str:
         return "trl"
     if key.startswith("calibrate"):
         return "calibrate"
+    if key.endswith("_ck"):
+        return "lengths_ck"
     return "q4" if "q4" in key else "lengths"
 
 

@@ -14,9 +14,10 @@ loss holds, how many score-sized ones the attention does) were measured on MLX's
 
 `plan(...)` picks, where the config leaves them to it (0 / auto), the decode width, the
 micro-batch size and per-block checkpointing: the widest decoding and the largest micro-batch
-that fit the budget, a micro-batch's kept activations held under `ACTIVATION_TARGET` (more buys
-no speed: BENCHMARKS.md), checkpointing only where no micro-batch fits without it. A run that
-cannot fit raises ConfigError naming the setting to change.
+that fit the budget, a micro-batch's kept activations held under `ACTIVATION_TARGET`, and
+per-block checkpointing where one sequence's would be over it or no micro-batch fits without
+it: the update's memory stays about the same whatever the completions' length (BENCHMARKS.md,
+"Scale"). A run that cannot fit raises ConfigError naming the setting to change.
 
 The budget (`device_budget`): `training.max_memory_gb`, else what the device can use: on Apple
 silicon MLX's recommended working set, elsewhere the available RAM, with `HEADROOM`. On Apple
@@ -45,7 +46,7 @@ from .loss import chunk_tokens
 GiB = 2**30
 HEADROOM = 0.85  # the share of the device's memory the default budget takes
 CACHE_STEP = 256  # mlx-lm's KVCache grows by this many positions
-ACTIVATION_TARGET = 2 * GiB  # kept activations of one micro-batch, at most, where the plan picks
+ACTIVATION_TARGET = GiB  # kept activations of one micro-batch, at most, where the plan picks
 CACHE_CLEAR_SHARE = 0.1  # Metal: clear MLX's buffer cache past this share of the budget
 HEAD_CHUNKS_UPDATE = 9  # chunk-sized buffers the loss's head holds in the update (measured)
 HEAD_CHUNKS_REFERENCE = 5  # ... in the reference pass (measured)
@@ -206,7 +207,8 @@ def plan(s: Shape, w: Work, budget: int, decode_width: int = 0, micro_batch: int
     width = pick_width(s, w, budget - base, decode_width)
     options = {"auto": (False, True), "on": (True,), "off": (False,)}[checkpoint]
     for ck in options:
-        rows = pick_rows(s, w, budget - base, micro_batch, ck)
+        bounded = checkpoint == "auto" and not ck  # a row over the aim: checkpointing instead
+        rows = pick_rows(s, w, budget - base, micro_batch, ck, bounded)
         if rows:
             return Plan(budget, width, rows, ck, peak_bytes(s, w, width, rows, ck),
                         s.weight_bytes, decode_bytes(s, w, width), update_bytes(s, w, rows, ck))
@@ -236,16 +238,19 @@ def pick_width(s: Shape, w: Work, room: int, width: int) -> int:
     return fits[0]
 
 
-def pick_rows(s: Shape, w: Work, room: int, rows: int, checkpoint: bool) -> int:
+def pick_rows(s: Shape, w: Work, room: int, rows: int, checkpoint: bool,
+              bounded: bool = False) -> int:
     """The micro-batch size: `rows` if set and it fits (else 0), else the most rows up to the
-    update's that fit `room` with kept activations under ACTIVATION_TARGET (at least one)."""
+    update's that fit `room` with kept activations under ACTIVATION_TARGET: at least one, or,
+    `bounded`, none where one row's are over it."""
     def fits(n: int) -> bool:
         return max(update_bytes(s, w, n, checkpoint), reference_bytes(s, w, n)) <= room
 
     if rows:
         return rows if fits(min(rows, w.train_rows)) else 0
     for n in range(w.train_rows, 0, -1):
-        if fits(n) and (n == 1 or activation_bytes(s, w, n, checkpoint) <= ACTIVATION_TARGET):
+        under = activation_bytes(s, w, n, checkpoint) <= ACTIVATION_TARGET
+        if fits(n) and (under or (n == 1 and not bounded)):
             return n
     return 0
 
