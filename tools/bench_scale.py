@@ -20,7 +20,7 @@ run trains all 16 sequences, which it prints:
   `lengths_ck` the same with per-block checkpointing on (`training.grad_checkpoint: on`);
 - `q4`: the 0.5B shape quantized to 4 bits at load: one full step at 32 tokens (memory) and
   train-only probes (synthetic rollouts through the reference pass and the update, as a step
-  runs them, without decoding) at 256, 512 and 1,024 tokens;
+  runs them, without decoding) at 256 and 1,024 tokens;
 - `calibrate`: train-only probes at 2 x 8 x 256 (0.5B) with the micro-batch size and
   checkpointing forced (4 off, 16 on, 4 on): the measurements the memory model's constants
   come from (not part of the default run);
