@@ -222,6 +222,51 @@ def test_update_moves_lora_and_ignores_micro_batch_size(micro_model: Path, rollo
     assert metrics["kl/sample_train"] < 1e-8  # first iteration: trainer == sampler
 
 
+def _graph(policy: tb.TorchPolicy, toks: np.ndarray, on: bool) -> tuple[int, dict]:
+    """(bytes the autograd graph keeps outside checkpointed regions, the LoRA gradients) of
+    the summed log-probs, with per-block checkpointing on or off."""
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    policy.model.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            tb.checkpointed_blocks(policy.model, on):
+        loss = tb.token_logprobs(policy.model, torch.from_numpy(toks))[0].sum()
+        loss.backward()
+    return sum(saved), {k: p.grad.clone() for k, p in policy.model.named_parameters()
+                        if p.requires_grad}
+
+
+def test_checkpointed_blocks_keep_less_and_give_the_same_gradients(micro_model: Path):
+    policy = tb.load_policy(str(micro_model), device="cpu")
+    _perturb(policy)
+    toks = _tokens(4, 24)
+    kept_off, grads_off = _graph(policy, toks, False)
+    kept_on, grads_on = _graph(policy, toks, True)
+    assert kept_on < 0.5 * kept_off  # the blocks' activations are recomputed, not kept
+    for k in grads_off:
+        torch.testing.assert_close(grads_on[k], grads_off[k], rtol=1e-5, atol=1e-7)
+    blocks = policy.model.get_base_model().model.layers
+    assert all("forward" not in vars(b) for b in blocks)  # restored on leaving
+
+
+def test_update_checkpoints_blocks_only_when_on(micro_model: Path, rollouts, monkeypatch):
+    calls = []
+    real = torch.utils.checkpoint.checkpoint
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    adv = np.linspace(-1, 1, len(rollouts))
+    for mode, expect in (("auto", False), ("on", True)):
+        cfg = load_config(None, [f"training.grad_checkpoint={mode}", "rl.kl_penalty=0"])
+        policy = tb.load_policy(str(micro_model), cfg.lora, seed=0, device="cpu")
+        calls.clear()
+        tu.update(policy, tu.make_optimizer(policy, cfg, 10), rollouts, adv, None, cfg, 0.0)
+        assert bool(calls) is expect, mode
+
+
 def test_non_finite_update_is_skipped(micro_model: Path, rollouts):
     adv = np.full(len(rollouts), np.nan)
     weights, metrics, skipped = _update(micro_model, rollouts, 0, adv)

@@ -20,7 +20,7 @@ run trains all 16 sequences, which it prints:
   `lengths_ck` the same with per-block checkpointing on (`training.grad_checkpoint: on`);
 - `q4`: the 0.5B shape quantized to 4 bits at load: one full step at 32 tokens (memory) and
   train-only probes (synthetic rollouts through the reference pass and the update, as a step
-  runs them, without decoding) at 256 and 1,024 tokens;
+  runs them, without decoding) at 1 x 2 x 256 and 1 x 1 x 1,024 tokens;
 - `calibrate`: train-only probes at 2 x 8 x 256 (0.5B) with the micro-batch size and
   checkpointing forced (4 off, 16 on, 4 on): the measurements the memory model's constants
   come from (not part of the default run);
@@ -133,8 +133,9 @@ def settings(parts: list[str], models: dict, peer_py: str, trl_py: str) -> list[
     if "q4" in parts:
         out.append(("ours_0.5b_q4_1x4x32", "ours", {"model": big, "T": 32, "q": 4, "P": 1,
                                                    "G": 4}, ""))
-        out += [(f"probe_0.5b_q4_1x4x{T}", "probe", {"model": big, "T": T, "q": 4, "P": 1,
-                                                    "G": 4}, "") for T in (256, 1024)]
+        # a 4-bit update runs at about 2 tokens/s on this CPU: the probes' rows kept few
+        out += [(f"probe_0.5b_q4_1x{g}x{T}", "probe", {"model": big, "T": T, "q": 4, "P": 1,
+                                                      "G": g}, "") for g, T in ((2, 256), (1, 1024))]
     if "calibrate" in parts:  # the memory model's constants: train-only, settings forced
         out += [(f"calibrate_0.5b_2x8x256_m{m}_{ck}", "probe",
                  {"model": big, "T": 256, "set": [f"training.micro_batch_size={m}",
@@ -326,6 +327,9 @@ def _memory() -> dict:
     mx = sys.modules.get("mlx.core")
     if mx is not None:
         out["mlx_peak_gb"] = mx.get_peak_memory() / 2**30
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return out
 
 
@@ -416,6 +420,7 @@ def w_ours(spec: dict) -> dict:
             "train_s": last["time/train"], "score_s": last["time/score"],
             "trained": last["train/sequences"], "completion_len": last["gen/completion_len_mean"],
             "gen_tps": last["gen/tokens_per_sec"], "all_step_s": [s["time/step"] for s in steps],
+            "all_generate_s": [s["time/generate"] for s in steps],
             **_plan_fields(run, spec), **_memory()}
 
 
@@ -461,9 +466,10 @@ def w_peer(spec: dict) -> dict:
 
 
 def w_trl(spec: dict) -> dict:
-    """TRL's GRPOTrainer on torch CPU: the same P, G, tokens (forced: min_new_tokens), LoRA
-    rank and scale on every linear layer, KL 0.02 (the reference: the adapters disabled),
-    the syntax reward, token-mean loss (bnpo)."""
+    """TRL's GRPOTrainer on torch CPU (or the GPU where the spec's `device` is "cuda"): the same
+    P, G, tokens (forced: min_new_tokens), LoRA rank and scale on every linear layer, KL 0.02
+    (the reference: the adapters disabled), the syntax reward, token-mean loss (bnpo), float32,
+    gradient checkpointing as TRL's default (on) unless the spec's `grad_checkpoint` says."""
     import torch
     import trl
     from datasets import Dataset
@@ -482,7 +488,8 @@ def w_trl(spec: dict) -> dict:
         output_dir=tempfile.mkdtemp(prefix="bench-trl-"), per_device_train_batch_size=n * g,
         num_generations=g, max_completion_length=spec["T"], beta=KL, learning_rate=1e-5,
         temperature=1.0, loss_type="bnpo", max_steps=steps, logging_steps=1, report_to=[],
-        save_strategy="no", use_cpu=True, bf16=False, seed=0, shuffle_dataset=False,
+        save_strategy="no", use_cpu=spec.get("device", "cpu") == "cpu",
+        gradient_checkpointing=spec.get("grad_checkpoint", True), bf16=False, seed=0, shuffle_dataset=False,
         generation_kwargs={"min_new_tokens": spec["T"]}, dataloader_num_workers=0)
     times: dict[str, list] = {"step": [], "generate": []}
 
@@ -511,6 +518,7 @@ def w_trl(spec: dict) -> dict:
     trainer.train()
     step, gen = times["step"][-1], times["generate"][-1]
     return {"step_s": step, "generate_s": gen, "train_s": step - gen, "trained": n * g,
+            "all_step_s": times["step"], "all_generate_s": times["generate"],
             "trl": trl.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
             **_memory()}
 

@@ -236,8 +236,9 @@ class TrainingConfig:
                                 "batch_size x G).", _nonneg)
     grad_checkpoint: Literal["auto", "on", "off"] = opt(
         "auto", "Gradient checkpointing per transformer block in the update: on keeps only each "
-        "block's input for the backward pass and recomputes the rest (about a third more "
-        "compute, far less activation memory); auto: on where the memory plan needs it.")
+        "block's input for the backward pass and runs the block's forward again there (far "
+        "less activation memory for that compute); auto: on where the memory plan needs it "
+        "(the torch backend has no plan: auto is off there).")
     max_memory_gb: float = opt(0.0, "MLX memory budget of the run in GB (2^30 bytes, as the "
                                "memory/ metrics); 0: what the device can use (on Apple silicon "
                                "85% of MLX's recommended working set, elsewhere 85% of the "

@@ -15,15 +15,18 @@ with the same semantics, so one config trains the same way on both:
   and the update.
 
 Not covered: MLX-quantized model directories (transformers needs the Hugging Face weights);
-multi-GPU; LoRA on embeddings or expert layers; the AdamW moments of a checkpoint written by the
-MLX backend (weights load, moments restart). Needs `pip install 'mlx-rlaif[cuda]'` (torch,
-transformers, peft).
+the memory plan (MLX only: the micro-batch size and `training.grad_checkpoint: on` are taken as
+set, `auto` is off); multi-GPU; LoRA on embeddings or expert layers; the AdamW moments of a
+checkpoint written by the MLX backend (weights load, moments restart). Needs
+`pip install 'mlx-rlaif[cuda]'` (torch, transformers, peft).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +123,27 @@ def _blocks(model: Any) -> Any:
         raise UsageError(f"{type(model).__name__} has no model.layers: the torch backend knows "
                          "Llama/Qwen/Mistral-style decoders only")
     return layers
+
+
+@contextmanager
+def checkpointed_blocks(model: Any, on: bool) -> Iterator[None]:
+    """Inside, each transformer block's forward runs under `torch.utils.checkpoint`
+    (non-reentrant): the backward pass keeps each block's input and recomputes the rest
+    (`training.grad_checkpoint: on`, as the MLX update's). The model's train/eval mode is
+    untouched, so dropout stays as the update sets it; `on` False: nothing changes."""
+    if not on:
+        yield
+        return
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    blocks = list(_blocks(lm))
+    for block in blocks:  # an instance attribute: nn.Module.__call__ looks it up first
+        block.forward = partial(torch.utils.checkpoint.checkpoint, type(block).forward.__get__(
+            block), use_reentrant=False)
+    try:
+        yield
+    finally:
+        for block in blocks:
+            del block.forward
 
 
 def peft_config(lora: Any, num_layers: int, blocks: Sequence[Any]) -> peft.LoraConfig:

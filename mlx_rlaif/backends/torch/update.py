@@ -28,7 +28,7 @@ from ...config import batch_sequences, micro_batch_size
 from ...records import Rollout
 from .. import batch as batching
 from ..parallel import Shard
-from .policy import TorchPolicy, token_logprobs
+from .policy import TorchPolicy, checkpointed_blocks, token_logprobs
 
 kl_estimate = partial(objective.kl_estimate, xp=torch)
 clipped_surrogate = partial(objective.clipped_surrogate, xp=torch)
@@ -155,21 +155,22 @@ def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list
     model, tic, first = policy.model, time.perf_counter(), None
     model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
     try:
-        for _ in range(cfg.rl.num_iterations):
-            optimizer.zero_grad(set_to_none=True)
-            aux: dict[str, torch.Tensor] = {}
-            for mb in mbs:
-                loss, a = rl_loss(model, mb, cfg.rl, kl_penalty, cfg.generation.temperature,
-                                  policy.split)
-                loss.backward()
-                aux = {k: aux[k] + a[k] for k in aux} if aux else a
-            if shard is not None:  # summed over the ranks (zeros where a rank has no rollouts)
-                shard.reduce_grads([p for g in optimizer.param_groups for p in g["params"]])
-                aux = {k: torch.tensor(v) for k, v in
-                       shard.sum({k: float(v) for k, v in aux.items()}).items()}
-            first = first or aux
-            norm, ok = apply_update(optimizer, aux["loss"], cfg.training.max_grad_norm)
-            skipped += not ok
+        with checkpointed_blocks(model, cfg.training.grad_checkpoint == "on"):
+            for _ in range(cfg.rl.num_iterations):
+                optimizer.zero_grad(set_to_none=True)
+                aux: dict[str, torch.Tensor] = {}
+                for mb in mbs:
+                    loss, a = rl_loss(model, mb, cfg.rl, kl_penalty, cfg.generation.temperature,
+                                      policy.split)
+                    loss.backward()
+                    aux = {k: aux[k] + a[k] for k in aux} if aux else a
+                if shard is not None:  # summed over the ranks (zeros where a rank has no rollouts)
+                    shard.reduce_grads([p for g in optimizer.param_groups for p in g["params"]])
+                    aux = {k: torch.tensor(v) for k, v in
+                           shard.sum({k: float(v) for k, v in aux.items()}).items()}
+                first = first or aux
+                norm, ok = apply_update(optimizer, aux["loss"], cfg.training.max_grad_norm)
+                skipped += not ok
     finally:
         model.train(False)
     seconds = time.perf_counter() - tic
