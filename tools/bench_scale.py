@@ -56,6 +56,7 @@ TRL_SPEC = "trl==1.16.0"
 P, G, KL, RANK, SCALE = 2, 8, 0.02, 8, 20.0
 CAP_GB = 14.0  # memory cap of one run (the machine: 24 GB, shared)
 TIME_CAP_S = 1800
+LOAD_PEAK: dict[str, float] = {}  # MLX's peak while a worker loaded its model (_run)
 PARTS = ("peer", "trl", "lengths", "lengths_ck", "q4", "calibrate", "model")
 SHAPES_7B = {  # Qwen2.5's shapes (config.json of each)
     "1.5B": dict(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936,
@@ -327,6 +328,8 @@ def _memory() -> dict:
     mx = sys.modules.get("mlx.core")
     if mx is not None:
         out["mlx_peak_gb"] = mx.get_peak_memory() / 2**30
+        if "gb" in LOAD_PEAK:
+            out["mlx_load_peak_gb"] = LOAD_PEAK["gb"]
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -371,6 +374,11 @@ def _run(spec: dict) -> tuple[Any, list]:
     print(line, flush=True)
     run = Run(cfg, ops, policy, ops.optimizer(policy, cfg, 100), SyntaxReward(),
               Path(cfg.training.output_dir), LoopState(kl_penalty=KL), fmt)
+    if "mlx.core" in sys.modules:  # the step's peak, not the load's (quantizing at load
+        import mlx.core as mx  # holds the float weights for a while): both recorded
+
+        LOAD_PEAK["gb"] = mx.get_peak_memory() / 2**30
+        mx.reset_peak_memory()
     return run, tasks
 
 
