@@ -135,8 +135,9 @@ def settings(parts: list[str], models: dict, peer_py: str, trl_py: str) -> list[
         out.append(("ours_0.5b_q4_1x4x32", "ours", {"model": big, "T": 32, "q": 4, "P": 1,
                                                    "G": 4}, ""))
         # a 4-bit update runs at about 2 tokens/s on this CPU: the probes' rows kept few
-        out += [(f"probe_0.5b_q4_1x{g}x{T}", "probe", {"model": big, "T": T, "q": 4, "P": 1,
-                                                      "G": g}, "") for g, T in ((2, 256), (1, 1024))]
+        out += [(f"probe_0.5b_q4_1x{g}x{T}", "probe",
+                 {"model": big, "T": T, "q": 4, "P": 1, "G": g}, "")
+                for g, T in ((2, 256), (1, 1024))]
     if "calibrate" in parts:  # the memory model's constants: train-only, settings forced
         out += [(f"calibrate_0.5b_2x8x256_m{m}_{ck}", "probe",
                  {"model": big, "T": 256, "set": [f"training.micro_batch_size={m}",
@@ -496,8 +497,8 @@ def w_trl(spec: dict) -> dict:
         output_dir=tempfile.mkdtemp(prefix="bench-trl-"), per_device_train_batch_size=n * g,
         num_generations=g, max_completion_length=spec["T"], beta=KL, learning_rate=1e-5,
         temperature=1.0, loss_type="bnpo", max_steps=steps, logging_steps=1, report_to=[],
-        save_strategy="no", use_cpu=spec.get("device", "cpu") == "cpu",
-        gradient_checkpointing=spec.get("grad_checkpoint", True), bf16=False, seed=0, shuffle_dataset=False,
+        save_strategy="no", use_cpu=spec.get("device", "cpu") == "cpu", bf16=False, seed=0,
+        gradient_checkpointing=spec.get("grad_checkpoint", True), shuffle_dataset=False,
         generation_kwargs={"min_new_tokens": spec["T"]}, dataloader_num_workers=0)
     times: dict[str, list] = {"step": [], "generate": []}
 

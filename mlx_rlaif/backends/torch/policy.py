@@ -129,8 +129,10 @@ def _blocks(model: Any) -> Any:
 def checkpointed_blocks(model: Any, on: bool) -> Iterator[None]:
     """Inside, each transformer block's forward runs under `torch.utils.checkpoint`
     (non-reentrant): the backward pass keeps each block's input and recomputes the rest
-    (`training.grad_checkpoint: on`, as the MLX update's). The model's train/eval mode is
-    untouched, so dropout stays as the update sets it; `on` False: nothing changes."""
+    (`training.grad_checkpoint: on`, as the MLX update's). Not transformers'
+    `gradient_checkpointing_enable`: that acts only in training mode, which would also turn on
+    the base model's own dropout; here the train/eval mode is untouched, so dropout stays as
+    the update sets it (LoRA's only). `on` False: nothing changes."""
     if not on:
         yield
         return
