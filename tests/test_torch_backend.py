@@ -113,6 +113,19 @@ def test_sampler_logprobs_match_recomputed(micro_model: Path):
     assert st["gen/decode_width"] == 4 and len(chunked) == 6
 
 
+def test_live_policy_logprobs_are_the_samplers(micro_model: Path, rollouts):
+    """policy_logprobs (rl.guidance's log-probs of a reference answer) is the live policy's,
+    adapters on: the sampler's numbers, not the reference's."""
+    policy = tb.load_policy(str(micro_model), device="cpu")
+    _perturb(policy)
+    cfg = load_config(None, ["generation.temperature=1.0"])
+    live = tu.policy_logprobs(policy, rollouts, cfg)
+    ref = tu.reference_logprobs(policy, rollouts, cfg)
+    for r, a, b in zip(rollouts, live, ref, strict=True):
+        assert np.abs(a - np.asarray(r.logprobs)).max() < 2e-3
+        assert not np.allclose(a, b)
+
+
 def _raw_mass_above_and_rank(policy: tb.TorchPolicy, params: SamplingParams):
     """For each sampled token: the untempered probability mass of likelier tokens, its rank."""
     rollouts, _ = tr.sample(policy, TASKS, params, 4, seed=2)

@@ -12,6 +12,9 @@ evaluated tasks), writes the remaining training tasks, the supervised control's 
 reference solutions as the model was taught them: the body under the prompt's stub), and
 evaluates the frozen model.
 
+`run --set KEY=VALUE` adds an override to an RL arm (recipe tuning on the dev split); the
+results name it.
+
 `run` trains one arm from the frozen model for `--minutes` of training (`training.max_minutes`;
 model loading and evaluation are not counted) and evaluates it on the medium and hard Python
 tasks of the dev split or of `synthetic-eval` (`--on eval`): pass@1 at T = 0.7 and pass@8 from
@@ -19,8 +22,9 @@ tasks of the dev split or of `synthetic-eval` (`--on eval`): pass@1 at T = 0.7 a
 
 - `current`: the quickstart recipe on all Python training tasks (`data.difficulties=[]`),
   scoring after decoding: what main trained with before issue 21;
-- `new`: configs/full-python.yaml (dynamic sampling, curriculum, GSPO ratios);
-- `no-dynamic`, `no-curriculum`, `no-gspo`: `new` with one of them off;
+- `new`: configs/full-python.yaml (dynamic sampling, curriculum, GSPO ratios, off-policy
+  guidance);
+- `no-dynamic`, `no-curriculum`, `no-gspo`, `no-guidance`: `new` with one of them off;
 - `sft`: continued supervised tuning on the training solutions (the control: more of what made
   the model);
 - `rft`: rejection-sampling fine-tuning (the other control): sample 8 answers per training task
@@ -57,7 +61,8 @@ RECIPE = ROOT / "configs" / "full-python.yaml"
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 ABLATIONS = {"no-dynamic": ["rl.dynamic_sampling=false"],
              "no-curriculum": ["data.curriculum=false"],
-             "no-gspo": ["rl.ratio_level=token"]}
+             "no-gspo": ["rl.ratio_level=token"],
+             "no-guidance": ["rl.guidance=false"]}
 
 
 def cli(*args: str, log: Path | None = None) -> None:
@@ -149,10 +154,10 @@ def prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def train_rl(arm: str, seed: int, minutes: float, out: Path) -> None:
+def train_rl(arm: str, seed: int, minutes: float, out: Path, extra: list[str]) -> None:
     recipe = QUICKSTART if arm == "current" else RECIPE
     sets = {"current": ["data.difficulties=[]", "generation.score_while_decoding=false"],
-            "new": [], **ABLATIONS}[arm]
+            "new": [], **ABLATIONS}[arm] + extra
     args = ["train", "--config", str(recipe), "--output-dir", str(out), "--no-dashboard",
             "--set", f"data.train_file={WORK / 'train.jsonl'}", "--set", "data.eval_file=",
             "--set", f"training.seed={seed}", "--set", f"training.max_minutes={minutes}",
@@ -204,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
     frozen = json.loads((WORK / "frozen.json").read_text())
     if frozen["sha256"] != model_hash():
         raise SystemExit("the model changed since `prepare`: prepare again (a new frozen model)")
-    out = WORK / "runs" / f"{args.arm}-s{args.seed}-{args.on}"
+    name = "+".join([args.arm, *args.set])
+    out = WORK / "runs" / f"{name.replace('/', '_')}-s{args.seed}-{args.on}"
     out.parent.mkdir(parents=True, exist_ok=True)
     for p in out.parent.glob(f"{out.name}*"):
         subprocess.run(["rm", "-rf", str(p)], check=True)
@@ -217,11 +223,11 @@ def run(args: argparse.Namespace) -> int:
         data = rejection_samples(args.seed, half, out)
         train_sft(data, args.seed, max(args.minutes - (time.monotonic() - t0) / 60, 0.1), out)
     else:
-        train_rl(args.arm, args.seed, args.minutes, out)
+        train_rl(args.arm, args.seed, args.minutes, out, args.set)
     wall = time.monotonic() - tic
     after = evaluate(out, args.on, out)
     before = frozen[f"before_{args.on}"]
-    row = {"arm": args.arm, "seed": args.seed, "on": args.on, "minutes": args.minutes,
+    row = {"arm": name, "seed": args.seed, "on": args.on, "minutes": args.minutes,
            "wall_s": round(wall, 1), "steps": _steps(out), **{f"after/{k}": v for k, v in
                                                               after.items()},
            **{f"gain/{k}": round(100 * (after[k] - before[k]), 1)
@@ -271,6 +277,8 @@ def main() -> int:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--minutes", type=float, default=5.0)
     r.add_argument("--on", choices=["dev", "eval"], default="dev")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an RL arm's extra config override (tuning on dev); named in the results")
     rep = sub.add_parser("report")
     rep.add_argument("--on", choices=["dev", "eval"], default="eval")
     args = p.parse_args()

@@ -1,7 +1,7 @@
 """What differs between the MLX backend and the torch fallback, picked once per run.
 
-`OPS[cfg.model.backend]()` returns an `Ops`: load, optimizer, sample, reference, values (a
-critic's), update, advance_reference (a moving reference), save, restore, mlx_model. The training loop calls only these, so no backend branch appears anywhere
+`OPS[cfg.model.backend]()` returns an `Ops`: load, optimizer, sample, reference, logprobs (the
+live policy's), values (a critic's), update, advance_reference (a moving reference), save, restore, mlx_model. The training loop calls only these, so no backend branch appears anywhere
 else. Each takes explicit inputs (the policy, the optimizer, rollouts, advantages, reference
 log-probs, the KL penalty, the config) and returns data; none sees the loop's run object. The
 torch modules are imported only when their backend is chosen.
@@ -48,6 +48,8 @@ class Ops:
     optimizer: Callable[[Any, Config, int], Any]  # (policy, config, total updates)
     sample: Sample
     reference: Callable[[Any, list[Rollout], Config], list[np.ndarray]]
+    # the live policy's log-probs of completions it did not sample (train/guidance.py)
+    logprobs: Callable[[Any, list[Rollout], Config], list[np.ndarray]]
     # (policy, rollouts, config, the first batch's mean reward for a fresh head) -> values
     values: Callable[[Any, list[Rollout], Config, float | None], list[np.ndarray]]
     # (policy, tasks, sampling, G, prompt formatter, seed, max turns, respond) -> conversations
@@ -79,6 +81,10 @@ def mlx_ops() -> Ops:
         with training_fast_paths(policy.model):
             return update.reference_logprobs(policy.model, rollouts, cfg, policy.split,
                                              policy.reference)
+
+    def logprobs(policy: Any, rollouts: list[Rollout], cfg: Config) -> list[np.ndarray]:
+        with training_fast_paths(policy.model):
+            return update.policy_logprobs(policy.model, rollouts, cfg, policy.split)
 
     def converse(policy: Any, tasks: list[Task], params: SamplingParams, group_size: int,
                  fmt: Callable[[Task], list[int]], seed: int | None, max_turns: int,
@@ -118,7 +124,7 @@ def mlx_ops() -> Ops:
                                      cfg.model.quantize, cfg.rl.advantage == "gae",
                                      cfg.rl.reference != "base"),
         optimizer=lambda policy, cfg, n: update.make_optimizer(cfg.training, n), sample=sample,
-        reference=reference, values=values, converse=converse, update=update_,
+        reference=reference, logprobs=logprobs, values=values, converse=converse, update=update_,
         advance_reference=update.advance_reference, save=save, restore=update.restore,
         mlx_model=lambda policy, cfg, path: (policy.model, policy.tokenizer))
 
@@ -134,7 +140,8 @@ def torch_ops() -> Ops:
                                         cfg.training.seed, cfg.model.trust_remote_code,
                                         cfg.model.device or None),
         optimizer=update.make_optimizer, sample=rollout.sample,
-        reference=update.reference_logprobs, values=_no_critic, converse=_no_critic,
+        reference=update.reference_logprobs, logprobs=update.policy_logprobs,
+        values=_no_critic, converse=_no_critic,
         update=update.update,
         advance_reference=lambda policy, cfg, step: None, save=tp.save_checkpoint,
         restore=tp.restore,

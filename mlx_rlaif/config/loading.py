@@ -254,6 +254,9 @@ def check(cfg: Config) -> Config:
     if cfg.generation.max_turns > 1 and cfg.reward.type not in ("exec", "mix"):
         raise ConfigError("generation.max_turns > 1 feeds the exec reward's failure report back: "
                           "set reward.type to exec or mix")
+    if cfg.generation.max_turns > 1 and cfg.rl.guidance:
+        raise ConfigError("rl.guidance puts a reference answer in a group of single answers: "
+                          "set generation.max_turns to 1, or rl.guidance to false")
     if cfg.generation.max_turns > 1 and cfg.model.backend == "torch":
         raise ConfigError("generation.max_turns > 1 is MLX-only (it continues the KV caches): "
                           "set it to 1 for the torch backend")

@@ -196,6 +196,11 @@ class RLConfig:
     carry_max_age: int = opt(1, "dynamic_sampling: a carried group is used only while at most "
                              "this many updates old (its recorded log-probs make the clipped "
                              "ratio); older ones are dropped (0: never carry).", _nonneg)
+    guidance: bool = opt(False, "Off-policy guidance (LUFFY): a group whose every completion "
+                         "scores below the task's reference solution (its record's solution "
+                         "field, scored by the same reward) gets that solution in place of its "
+                         "last completion, so tasks the model never solves still teach (one "
+                         "extra reward call per group).")
     gamma: float = opt(1.0, "gae: discount per token.", _unit)
     lam: float = opt(0.95, "gae: lambda of generalized advantage estimation (1: returns minus "
                      "values, 0: one-step TD errors).", _unit)

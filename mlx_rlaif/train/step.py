@@ -28,6 +28,7 @@ from ..config import Config, prompts_per_step
 from ..faults import fault
 from ..records import Reward, Rollout, Task
 from .dynamic import collect
+from .guidance import guide
 from .multiturn import hidden_tasks, shape, turn_metrics
 from .run import Run
 
@@ -171,17 +172,37 @@ def gather(run: Run, draw: Callable[..., list[Task]],
            observe: Callable[[list[Rollout], list[Reward]], None]
            ) -> tuple[list[Rollout], list[Reward], dict[str, float], dict[str, float]]:
     """The step's scored rollouts: of the next batch of prompts, or with dynamic sampling the
-    groups with signal it collects (dynamic.py). Returns (rollouts, rewards, generation stats,
-    dynamic-sampling metrics)."""
+    groups with signal it collects (dynamic.py). `observe` sees the sampled completions before
+    any reference answer takes a place (rl.guidance: guidance.py). Returns (rollouts, rewards,
+    generation stats, dynamic-sampling and guidance metrics)."""
     need = prompts_per_step(run.cfg)
-    if not run.cfg.rl.dynamic_sampling:
-        rollouts, rewards, gen = agreed_sample(run, run.world.share(draw(need)))
+    guided: list[int] = []
+
+    def sample(tasks: list[Task], first: bool
+               ) -> tuple[list[Rollout], list[Reward], dict[str, float]]:
+        rollouts, rewards, gen = agreed_sample(run, tasks, first)
         observe(rollouts, rewards)
-        return rollouts, rewards, gen, {}
-    groups, gen, extra = collect(run, need, lambda n: draw(n, True),
-                                 lambda tasks, first: agreed_sample(run, tasks, first), observe)
+        if run.cfg.rl.guidance:
+            rollouts, rewards, n = run.world.agreed(lambda: guide(run, rollouts, rewards),
+                                                    "check of the reference answers")
+            guided.append(n)
+        return rollouts, rewards, gen
+
+    if not run.cfg.rl.dynamic_sampling:
+        rollouts, rewards, gen = sample(run.world.share(draw(need)), True)
+        return rollouts, rewards, gen, guidance_metrics(run, guided)
+    groups, gen, extra = collect(run, need, lambda n: draw(n, True), sample,
+                                 lambda rs, ws: None)
     return ([r for g in groups for r in g.rollouts], [w for g in groups for w in g.rewards],
-            gen, extra)
+            gen, {**extra, **guidance_metrics(run, guided)})
+
+
+def guidance_metrics(run: Run, guided: list[int]) -> dict[str, float]:
+    """sample/guided: the groups given their reference answer this step (every rank's)."""
+    if not run.cfg.rl.guidance:
+        return {}
+    n = float(sum(guided))
+    return {"sample/guided": float(run.world.sum(np.array([n]), "sum of guided groups")[0])}
 
 
 SCORERS = 4  # groups scored at once while decoding (the reward's own pool bounds the sandboxes)
@@ -242,6 +263,10 @@ def merge_gen_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float
 
 def step_metrics(rollouts: list[Rollout], rewards: list[Reward], adv: advantages.Advantages,
                  keep: list[int]) -> dict[str, float]:
+    """The step's reward and generation metrics, over the sampled completions (a reference
+    answer put in by rl.guidance is trained on but is not the policy's: left out)."""
+    sampled = [i for i in range(len(rewards)) if rewards[i].details.get("guidance") is not True]
+    rollouts, rewards = [rollouts[i] for i in sampled], [rewards[i] for i in sampled]
     vals = np.array([r.value for r in rewards if r.value is not None], dtype=np.float64)
     lens = np.array([len(r.tokens) for r in rollouts], dtype=np.float64)
     m = {

@@ -186,11 +186,17 @@ def reference_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config,
                        adapters: dict[str, mx.array] | None = None) -> list[np.ndarray]:
     """Log-probs of each completion under the reference: the frozen base (same weights, LoRA
     layers bypassed), or with `adapters` the base plus those adapters (a moving reference)."""
-    T = cfg.generation.temperature
     held = adapters_loaded(model, adapters) if adapters is not None else lora_disabled(model)
     with held:
-        return token_pass(model, rollouts, cfg,
-                          lambda b: micro_batch_stats(model, split, b, T)[0])
+        return policy_logprobs(model, rollouts, cfg, split)
+
+
+def policy_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config,
+                    split: Split | None = None) -> list[np.ndarray]:
+    """Log-probs of each completion under `model` as it is (the live policy: adapters on), at
+    the sampling temperature."""
+    T = cfg.generation.temperature
+    return token_pass(model, rollouts, cfg, lambda b: micro_batch_stats(model, split, b, T)[0])
 
 
 def values_of(model: nn.Module, rollouts: list[Rollout], cfg: Config, split: Split

@@ -57,9 +57,17 @@ def to_torch(mb: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor
 def reference_logprobs(policy: TorchPolicy, rollouts: list[Rollout], cfg: Any
                        ) -> list[np.ndarray]:
     """Log-probs of each completion under the frozen base (same weights, adapters off)."""
+    with policy.model.disable_adapter():
+        return policy_logprobs(policy, rollouts, cfg)
+
+
+def policy_logprobs(policy: TorchPolicy, rollouts: list[Rollout], cfg: Any
+                    ) -> list[np.ndarray]:
+    """Log-probs of each completion under the model as it is (adapters on unless disabled by
+    the caller), at the sampling temperature, without gradients."""
     out: list[np.ndarray] = []
     zeros = [0.0] * len(rollouts)
-    with torch.no_grad(), policy.model.disable_adapter():
+    with torch.no_grad():
         for s in batching.chunks(len(rollouts), micro_batch_size(cfg)):
             b = to_torch(batching.build(rollouts[s], zeros[s], zeros[s]), policy.device)
             logp = token_logprobs(policy.model, b["tokens"], cfg.generation.temperature,

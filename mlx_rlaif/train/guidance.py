@@ -1,0 +1,100 @@
+"""Off-policy guidance (LUFFY: Yan et al. 2025, "Learning to Reason under Off-Policy Guidance"):
+a group none of whose completions does as well as the task's reference solution gets that
+solution as one of its completions, so a task the model never solves still teaches something.
+
+With `rl.guidance`, after a batch is sampled and scored, each task with a reference solution
+(its record's `solution` field: the shipped suites and the converted sets carry one) has that
+answer scored by the run's own reward; a group whose every completion scores below it has its
+last completion replaced by the reference answer (the completions of a group are drawn
+independently, so which one makes way does not matter). The group then has signal, and the
+group baseline pushes the policy toward the reference and away from its own failures, in the
+same clipped policy-gradient update as everything else. The replacement's log-probs are the
+live policy's at the sampling temperature (`ops.logprobs`), so its importance ratio starts
+at 1: a policy-gradient term on a sequence the sampler did not draw, as LUFFY's off-policy
+term is, without its policy shaping. A reference answer longer than
+`generation.max_new_tokens` is not used (the sampler could never have written it).
+
+The reference answer is written as the model is asked to answer (`reference_answer`): the body
+under the prompt's signature where the prompt is the code to complete and the solution
+repeats that signature (HumanEval style), else the solution fenced in the task's language.
+
+Scoring the reference answers costs one reward call per group: a sandbox run with the exec
+reward, a judge call with a teacher.
+
+Not covered: several answers of one conversation (refused by config.check with
+generation.max_turns above 1), guidance from a teacher's own answer (`teacher_code`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..records import Reward, Rollout, Task, group_indices
+
+
+def reference_answer(task: Task) -> str | None:
+    """The task's reference solution as the model is asked to write it, or None without one."""
+    solution = task.meta.get("solution")
+    if not isinstance(solution, str) or not solution.strip():
+        return None
+    head, _, body = solution.partition("\n")
+    if head.strip() and task.prompt.startswith(head) and body.strip():
+        return body.rstrip()
+    return f"```{task.language}\n{solution.rstrip()}\n```"
+
+
+def to_replace(group_values: list[list[float | None]], reference_values: list[float | None]
+               ) -> list[bool]:
+    """Per group: whether every completion scored below the reference answer (a completion that
+    could not be scored counts as below; a reference that could not be scored guides nothing)."""
+    return [ref is not None and all(v is None or v < ref for v in values)
+            for values, ref in zip(group_values, reference_values, strict=True)]
+
+
+def reference_rollout(task: Task, prompt_tokens: list[int], answer: str, tokenizer: Any,
+                      temperature: float) -> Rollout:
+    """A rollout of `answer` ending with the EOS token the sampler stops at; its log-probs are
+    filled in by the caller (the live policy's)."""
+    tokens = [*tokenizer.encode(answer, add_special_tokens=False), tokenizer.eos_token_id]
+    return Rollout(task=task, prompt_tokens=tuple(prompt_tokens), tokens=tuple(tokens),
+                   logprobs=(0.0,) * len(tokens), text=answer, finish_reason="stop",
+                   temperature=temperature)
+
+
+def guide(run: Any, rollouts: list[Rollout], rewards: list[Reward]
+          ) -> tuple[list[Rollout], list[Reward], int]:
+    """`rollouts` and `rewards` with the reference answer in place of the last completion of
+    each group that scored below it (train.run.Run `run`: its reward, policy, prompt format
+    and backend); returns them and the number of groups guided."""
+    cfg = run.cfg
+    groups = list(group_indices([r.task.id for r in rollouts]).values())
+    tasks = [rollouts[idx[0]].task for idx in groups]
+    answers = [reference_answer(t) for t in tasks]
+    tokenizer = run.policy.tokenizer
+    built = [None if a is None else reference_rollout(t, run.format(t), a, tokenizer,
+                                                      cfg.generation.temperature)
+             for t, a in zip(tasks, answers, strict=True)]
+    usable = [i for i, b in enumerate(built)
+              if b is not None and len(b.tokens) <= cfg.generation.max_new_tokens]
+    if not usable:
+        return rollouts, rewards, 0
+    scored = run.reward_fn.score([tasks[i] for i in usable], [answers[i] for i in usable])
+    chosen = [i for i, yes in zip(usable, to_replace(
+        [[rewards[j].value for j in groups[i]] for i in usable], [w.value for w in scored]),
+        strict=True) if yes]
+    if not chosen:
+        return rollouts, rewards, 0
+    by_group = dict(zip(usable, scored, strict=True))
+    fresh = [built[i] for i in chosen]
+    logps = run.ops.logprobs(run.policy, fresh, cfg)
+    rollouts, rewards = list(rollouts), list(rewards)
+    for i, r, lp in zip(chosen, fresh, logps, strict=True):
+        j = groups[i][-1]
+        rollouts[j] = replace(r, logprobs=tuple(float(x) for x in np.asarray(lp)))
+        w = by_group[i]
+        rewards[j] = replace(w, reason=f"reference solution (rl.guidance); {w.reason}".rstrip("; "),
+                             details={**w.details, "guidance": True})
+    return rollouts, rewards, len(chosen)
