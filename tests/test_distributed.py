@@ -217,7 +217,7 @@ def _adapters(ckpt: Path) -> dict[str, np.ndarray]:
 QUICK = ["--set", "training.batch_size=3", "--set", "generation.num_samples_per_prompt=4",
          "--set", "generation.max_new_tokens=48", "--set", "data.eval_samples=1",
          "--set", "rl.dynamic_sampling=true", "--set", "data.curriculum=true",
-         "--set", "data.eval_every=2", "--set", "data.eval_max_tasks=4",
+         "--set", "rl.guidance=true", "--set", "data.eval_every=2", "--set", "data.eval_max_tasks=4",
          "--set", "training.save_every_batches=1", "--set", "training.save_total_limit=0",
          "--set", "logging.tensorboard=false"]  # on the quickstart: tiny-coder, exec reward
 
@@ -225,7 +225,8 @@ QUICK = ["--set", "training.batch_size=3", "--set", "generation.num_samples_per_
 @pytest.mark.slow
 def test_two_ranks_write_one_run_that_mlx_lm_loads_and_two_ranks_resume_exactly(tmp_path):
     """The quickstart's model and reward with dynamic sampling (groups exchanged between the
-    ranks, carried in the checkpoint), a curriculum and the periodic evaluation."""
+    ranks, carried in the checkpoint), a curriculum, off-policy guidance (each rank guides its
+    own groups; the count summed) and the periodic evaluation."""
     run = tmp_path / "run"
     cli = [sys.executable, "-m", "mlx_rlaif.cli", "train", "--output-dir"]
     proc = _launch2([*cli, str(run), "--max-steps", "3", *QUICK], tmp_path)
@@ -236,6 +237,7 @@ def test_two_ranks_write_one_run_that_mlx_lm_loads_and_two_ranks_resume_exactly(
     kept = [s["sample/groups_kept"] for s in steps]  # the same number on every rank
     assert sum(kept) > 0 and all(s["train/sequences"] == 4 * s["sample/groups_kept"]
                                  for s in steps)
+    assert all(s["sample/guided"] >= 0 for s in steps)
     train_records = (run / "datasets" / "train.jsonl").read_text().splitlines()
     assert len(train_records) == 4 * sum(kept)  # both ranks' completions, written by rank 0
     evals = json.loads((run / "eval.json").read_text())  # sharded: 20 tasks on each rank
