@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_rlaif.config import Config, documented_yaml, dump, load
+from mlx_rlaif.config import Config, check, documented_yaml, dump, load
 from mlx_rlaif.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,6 +99,19 @@ def test_example_config_documents_every_option_and_loads(tmp_path):
     body = example.read_text().split("\n", 1)[1]
     assert body.strip() == documented_yaml().strip()  # regenerate: tools/gen_example_config.py
     assert load(example) == Config()
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "full-python.yaml", "sft.yaml"])
+def test_shipped_configs_load_and_pass_the_checks(name):
+    if name == "sft.yaml":
+        from mlx_rlaif.train.sft import load_config as load_sft
+
+        load_sft(ROOT / "configs" / name)
+        return
+    cfg = check(load(ROOT / "configs" / name))
+    if name == "full-python.yaml":  # the recipe README "Learning beyond the easy tasks" measured
+        assert (cfg.rl.guidance, cfg.rl.dynamic_sampling, cfg.data.curriculum,
+                cfg.rl.ratio_level) == (True, True, True, "token")
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,10 @@ tasks of the dev split or of `synthetic-eval` (`--on eval`): pass@1 at T = 0.7 a
 
 - `current`: the quickstart recipe on all Python training tasks (`data.difficulties=[]`),
   scoring after decoding: what main trained with before issue 21;
-- `new`: configs/full-python.yaml (dynamic sampling, curriculum, GSPO ratios, off-policy
-  guidance);
-- `no-dynamic`, `no-curriculum`, `no-gspo`, `no-guidance`: `new` with one of them off;
+- `new`: configs/full-python.yaml (dynamic sampling, curriculum, off-policy guidance, token
+  ratios);
+- `no-dynamic`, `no-curriculum`, `no-guidance`: `new` with one of them off; `with-gspo`: with
+  GSPO's sequence ratios instead of token ratios;
 - `sft`: continued supervised tuning on the training solutions (the control: more of what made
   the model);
 - `rft`: rejection-sampling fine-tuning (the other control): sample 8 answers per training task
@@ -61,8 +62,8 @@ RECIPE = ROOT / "configs" / "full-python.yaml"
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 ABLATIONS = {"no-dynamic": ["rl.dynamic_sampling=false"],
              "no-curriculum": ["data.curriculum=false"],
-             "no-gspo": ["rl.ratio_level=token"],
-             "no-guidance": ["rl.guidance=false"]}
+             "no-guidance": ["rl.guidance=false"],
+             "with-gspo": ["rl.ratio_level=sequence"]}
 
 
 def cli(*args: str, log: Path | None = None) -> None:
@@ -166,7 +167,7 @@ def train_rl(arm: str, seed: int, minutes: float, out: Path, extra: list[str]) -
             "--set", "logging.tensorboard=false"]
     for s in sets:
         args += ["--set", s]
-    cli(*args, log=out.with_suffix(".log"))
+    cli(*args, log=out.with_name(out.name + ".log"))
 
 
 def train_sft(data: Path, seed: int, minutes: float, out: Path) -> None:
@@ -175,7 +176,7 @@ def train_sft(data: Path, seed: int, minutes: float, out: Path) -> None:
         "--set", f"training.seed={seed}", "--set", f"training.max_minutes={minutes}",
         "--set", "training.num_epochs=100", "--set", "training.batch_size=16",
         "--set", "training.learning_rate=2.0e-4", "--set", "training.save_every_epochs=0",
-        "--set", "training.save_total_limit=1", log=out.with_suffix(".log"))
+        "--set", "training.save_total_limit=1", log=out.with_name(out.name + ".log"))
 
 
 def rejection_samples(seed: int, seconds: float, out: Path) -> Path:
