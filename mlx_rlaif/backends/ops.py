@@ -1,7 +1,8 @@
 """What differs between the MLX backend and the torch fallback, picked once per run.
 
 `OPS[cfg.model.backend]()` returns an `Ops`: load, optimizer, sample, reference, logprobs (the
-live policy's), values (a critic's), update, advance_reference (a moving reference), save, restore, mlx_model. The training loop calls only these, so no backend branch appears anywhere
+live policy's), values (a critic's), update, advance_reference (a moving reference), save,
+restore, mlx_model. The training loop calls only these, so no backend branch appears anywhere
 else. Each takes explicit inputs (the policy, the optimizer, rollouts, advantages, reference
 log-probs, the KL penalty, the config) and returns data; none sees the loop's run object. The
 torch modules are imported only when their backend is chosen.
