@@ -237,7 +237,7 @@ def test_two_ranks_write_one_run_that_mlx_lm_loads_and_two_ranks_resume_exactly(
     kept = [s["sample/groups_kept"] for s in steps]  # the same number on every rank
     assert sum(kept) > 0 and all(s["train/sequences"] == 4 * s["sample/groups_kept"]
                                  for s in steps)
-    assert all(s["sample/guided"] >= 0 for s in steps)
+    assert all("sample/guided" in s for s in steps)  # every rank took part in the sum
     train_records = (run / "datasets" / "train.jsonl").read_text().splitlines()
     assert len(train_records) == 4 * sum(kept)  # both ranks' completions, written by rank 0
     evals = json.loads((run / "eval.json").read_text())  # sharded: 20 tasks on each rank
