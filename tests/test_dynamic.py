@@ -74,6 +74,7 @@ def test_collect_keeps_groups_with_signal_and_carries_the_rest():
 
     def sample(tasks, first):
         out = [_scored(t, flat[t.id]) for t in tasks]
+        seen.extend(r for rs, _ in out for r in rs)
         return ([r for rs, _ in out for r in rs], [w for _, ws in out for w in ws],
                 {"gen/tokens": 4.0, "gen/seconds": 1.0, "gen/tokens_per_sec": 4.0,
                  "gen/decode_width": 4.0})
@@ -82,11 +83,11 @@ def test_collect_keeps_groups_with_signal_and_carries_the_rest():
         taken, pending[:] = pending[:n], pending[n:]
         return taken
 
+    seen = []  # every sampled completion (the step observes them for the curriculum)
     stale = Group(*_scored(_task(9), [0.0, 1.0]), version=0)
     run = SimpleNamespace(cfg=load(None, ["rl.dynamic_sampling=true"]),
                           state=SimpleNamespace(step=5), carry=[stale], world=World())
-    seen = []
-    used, gen, m = collect(run, 2, draw, sample, lambda rs, ws: seen.extend(rs))
+    used, gen, m = collect(run, 2, draw, sample)
     assert [g.rollouts[0].task.id for g in used] == ["t1", "t3"]
     assert [g.rollouts[0].task.id for g in run.carry] == ["t4"] and run.carry[0].version == 5
     assert m["sample/rounds"] == 2 and m["sample/carried_dropped"] == 1

@@ -40,8 +40,7 @@ def groups_of(rollouts: list[Rollout], rewards: list[Reward], version: int) -> l
 
 
 def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
-            sample: Callable[[list[Task], bool], tuple[list[Rollout], list[Reward], dict]],
-            observe: Callable[[list[Rollout], list[Reward]], None]
+            sample: Callable[[list[Task], bool], tuple[list[Rollout], list[Reward], dict]]
             ) -> tuple[list[Group], dict[str, float], dict[str, float]]:
     """`need` groups with signal for this step: carried ones first, then rounds of
     `sample(tasks, first_round)`; the rest carried in `run.carry`. Returns (groups, generation
@@ -56,7 +55,6 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
         if not tasks:
             break
         rollouts, rewards, stats = sample(world.share(tasks), rounds == 0)
-        observe(rollouts, rewards)
         gen = (stats if not gen else _add(gen, stats)) if stats else gen
         fresh_groups = every_rank(world, groups_of(rollouts, rewards, version), tasks)
         pool += [g for g in fresh_groups if g.has_signal]

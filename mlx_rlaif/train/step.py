@@ -191,8 +191,7 @@ def gather(run: Run, draw: Callable[..., list[Task]],
     if not run.cfg.rl.dynamic_sampling:
         rollouts, rewards, gen = sample(run.world.share(draw(need)), True)
         return rollouts, rewards, gen, guidance_metrics(run, guided)
-    groups, gen, extra = collect(run, need, lambda n: draw(n, True), sample,
-                                 lambda rs, ws: None)
+    groups, gen, extra = collect(run, need, lambda n: draw(n, True), sample)
     return ([r for g in groups for r in g.rollouts], [w for g in groups for w in g.rewards],
             gen, {**extra, **guidance_metrics(run, guided)})
 
