@@ -68,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     from .cpu.blas import maybe_reexec_with_fast_blas
 
     maybe_reexec_with_fast_blas()
+    problem = mlx_unavailable()
+    if problem:
+        print(f"mlx-rlaif: error: {problem}", file=sys.stderr)
+        return 1
+    from .install import installed_backends, mixed_builds
+
+    mixed = mixed_builds(installed_backends())
+    if mixed:  # MLX loaded one of them: which one is an accident of the install order
+        print(f"mlx-rlaif: warning: {mixed}", file=sys.stderr)
     _setup_logging()
     parser = build_parser()
     if not argv:
@@ -84,6 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     except RlaifError as e:
         print(f"mlx-rlaif {args.command}: error: {e}", file=sys.stderr)
         return 1
+
+
+def mlx_unavailable() -> str | None:
+    """Why MLX cannot be imported here, as one line with the install that fixes it (None when
+    it imports): no backend build, or two that overwrite each other (install.py)."""
+    try:
+        import mlx.core  # noqa: F401
+    except ImportError as e:
+        from .install import backend_problem, installed_backends
+
+        return backend_problem(installed_backends()) or f"MLX does not load: {e}"
+    return None
 
 
 if __name__ == "__main__":

@@ -36,8 +36,10 @@ def test_doctor_end_to_end(tiny_model: Path, prompts_file: Path, tmp_path: Path)
     assert "trivial program: ok" in out and "killed at its time limit: ok" in out
     assert "FAILED" not in out
     assert "plan: weights" in lines["memory"] and "checkpointing off" in lines["memory"]
-    # 2 steps of 2 prompts x 8 completions (the quickstart's G), every one trained
-    assert "2 step(s) of" in lines["probe"] and "trained 32 sequences" in lines["probe"]
+    # 3 steps of 2 prompts x 8 completions (the quickstart's G), every one trained
+    assert "3 step(s) of" in lines["probe"] and "trained 48 sequences" in lines["probe"]
+    assert "first " in lines["probe"] and "(it compiles), then " in lines["probe"]
+    assert lines["install"].split()[1] == "mlx-cpu" and "FAILED" not in lines["install"]
     # 6 tasks, 2 per step: 3 steps in the run
     assert "; 3 steps:" in lines["projected"]
     assert list(cwd.iterdir()) == []  # nothing written where it ran (no runs/)
@@ -59,3 +61,38 @@ def test_self_test_fails_where_containment_fails(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(selftest, "LIMITS", replace(selftest.LIMITS, memory_mb=8192))
     broken = {c.name: c.ok for c in selftest.self_test(box)}
     assert broken["memory limit held"] is False
+
+
+def test_doctor_names_a_cuda_device_and_its_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlx_rlaif.backends.mlx import device
+    from mlx_rlaif.commands import doctor as d
+
+    h200 = device.Device("cuda", "NVIDIA H200", 150 * 2**30, 140 * 2**30, "9.0")
+    monkeypatch.setattr(device, "current", lambda: h200)
+    monkeypatch.setattr(device, "kind_of", lambda default=None: "cuda")
+    line = d.device_line()
+    assert "MLX 0.32.4, CUDA: NVIDIA H200 (compute capability 9.0), 150.0 GB (140.0 GB free)" \
+        in line and "RAM" in line
+    assert d.blas_line().startswith("cuBLAS and cuDNN through MLX's CUDA build")
+
+
+def test_doctor_fails_a_mixed_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlx_rlaif import install
+    from mlx_rlaif.commands import doctor as d
+
+    monkeypatch.setattr(install, "installed_backends",
+                        lambda: {"mlx-cpu": "0.32.4", "mlx-cuda-13": "0.32.4"})
+    text, ok = d.install_line()
+    assert not ok and text.startswith("FAILED: MLX's builds mlx-cpu 0.32.4 and mlx-cuda-13")
+    monkeypatch.setattr(install, "installed_backends", lambda: {"mlx-cuda-13": "0.32.4"})
+    assert d.install_line() == ("mlx-cuda-13 0.32.4 (CUDA 13)", True)
+
+
+def test_the_projection_leaves_the_compiling_step_out() -> None:
+    from mlx_rlaif.commands.doctor import projection
+
+    # a GPU's first step compiles its kernels: 170 s, then 0.2 s steps
+    assert projection([170.0, 0.21, 0.19, 0.2]) == (0.2, "")
+    per_step, note = projection([170.0, 9.0, 0.2])  # step 2 compiled a new shape
+    assert per_step == pytest.approx(4.6) and "an upper bound" in note and "0.20-9.00" in note
+    assert projection([3.0])[1].startswith("; from one step")

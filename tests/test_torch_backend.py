@@ -383,7 +383,7 @@ def test_bad_keys_and_missing_dependencies_are_usage_errors(micro_model: Path, m
         tb.load_policy(str(micro_model), LoraConfig(keys=("no_such_proj",)), device="cpu")
     monkeypatch.setitem(sys.modules, "peft", None)
     monkeypatch.delitem(sys.modules, "mlx_rlaif.backends.torch.policy")
-    with pytest.raises(UsageError, match=r"pip install 'mlx-rlaif\[cuda\]'"):
+    with pytest.raises(UsageError, match=r"pip install 'mlx-rlaif\[torch\]'"):
         importlib.import_module("mlx_rlaif.backends.torch.policy")
 
 

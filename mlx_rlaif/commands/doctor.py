@@ -1,12 +1,15 @@
-"""`mlx-rlaif doctor [--config F]`: what a user checks before a night's training. The device, the
-BLAS MLX multiplies with, the sandbox's mode and a self-test (a trivial program runs, a hostile
-one is contained), the memory budget and what the config needs of it (the memory plan), then a
-probe: a few real steps of the configured run in a temporary directory (nothing is written to
-the run directory; held-out evaluations, baselines, TensorBoard and checkpoints off), and the
-time per step and per run projected from it.
+"""`mlx-rlaif doctor [--config F]`: what a user checks before a night's training. The device as
+MLX reports it (Metal, CUDA with the GPU's name and memory, or the CPU), the MLX build installed
+(two Linux builds overwriting each other's library fail the check), what multiplies (the GPU's
+libraries, or the CPU's BLAS), the sandbox's mode and a self-test (a trivial program runs, a
+hostile one is contained), the memory budget (a GPU's own memory where it has one) and what the
+config needs of it (the memory plan), then a probe: a few real steps of the configured run in a
+temporary directory (nothing is written to the run directory; held-out evaluations, baselines,
+TensorBoard and checkpoints off). The first step compiles (traces, and on a GPU its kernels), so
+it is reported apart and the time per run is projected from the steps after it.
 
 Exit code 0 when every check held, 1 when one did not (a sandbox property its mode claims, a
-config that does not fit its budget, a probe that failed).
+mixed MLX install, a config that does not fit its budget, a probe that failed).
 
 Not covered: the held-out evaluations' time (the projection says so), a teacher's API beyond
 the probe's own calls (with a teacher reward the probe calls it, as the run would).
@@ -40,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model directory or hub id (model.path)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable)")
-    p.add_argument("--steps", type=int, default=2, help="steps of the probe (default 2)")
+    p.add_argument("--steps", type=int, default=3,
+                   help="steps of the probe (default 3: the first compiles, the rest are timed)")
     p.add_argument("--no-probe", action="store_true", help="skip the probe")
 
 
@@ -55,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise ConfigError("--steps must be 1 or more")
     say("device", device_line())
+    builds, builds_ok = install_line()
+    say("install", builds)
     say("BLAS", blas_line())
-    ok = sandbox_report(cfg)
+    ok = sandbox_report(cfg) and builds_ok
     plan_ok = memory_report(cfg)
     if plan_ok and not args.no_probe:
         ok = probe_report(cfg, args.steps) and ok
@@ -67,31 +73,43 @@ def run(args: argparse.Namespace) -> int:
 
 
 def device_line() -> str:
+    """The machine, MLX's version and the device MLX computes on as MLX reports it (Metal, CUDA
+    with the GPU's name, the CPU), the host's RAM."""
     import mlx.core as mx
     import psutil
 
-    from ..backends.mlx import memory
+    from ..backends.mlx import device
 
     vm = psutil.virtual_memory()
-    info = mx.device_info()
-    device = "cpu" if mx.default_device() == mx.cpu else "gpu"
-    line = (f"{platform.system()} {platform.machine()}, MLX {mx.__version__} on {device} "
-            f"({info.get('device_name', '?')}), {os.cpu_count()} cores, "
-            f"RAM {vm.total / GB:.1f} GB ({vm.available / GB:.1f} GB available)")
-    metal = memory.recommended_working_set()
-    if metal:
-        line += f", Metal's recommended working set {metal / GB:.1f} GB"
-    return line
+    return (f"{platform.system()} {platform.machine()}, MLX {mx.__version__}, "
+            f"{device.describe(device.current())}; {os.cpu_count()} cores, RAM "
+            f"{vm.total / GB:.1f} GB ({vm.available / GB:.1f} GB available)")
+
+
+def install_line() -> tuple[str, bool]:
+    """(the MLX builds installed, whether they are right): a mixed install (two Linux builds
+    overwriting each other's library) or none on Linux is a failure."""
+    from ..install import BACKENDS, backend_problem, installed_backends
+
+    found = installed_backends()
+    problem = backend_problem(found)
+    names = ", ".join(f"{n} {v} ({BACKENDS[n]})" for n, v in found.items()) or "none"
+    return (f"FAILED: {problem}" if problem else names), problem is None
 
 
 def blas_line() -> str:
+    """What multiplies: the GPU's own libraries (Metal; CUDA: cuBLAS), or on the CPU OpenBLAS
+    or MLX's bundled BLAS, with a measured matmul rate."""
     import mlx.core as mx
 
+    from ..backends.mlx import device
     from ..cpu import active
     from ..cpu.blas import default_threads, fast_blas_active, find_fast_blas, train_threads
 
-    if mx.default_device() != mx.cpu:
-        return "Metal (the GPU multiplies; nothing to set up)"
+    kind = device.kind_of()
+    if kind != "cpu":
+        return {"metal": "Metal (the GPU multiplies; nothing to set up)",
+                "cuda": "cuBLAS and cuDNN through MLX's CUDA build (the GPU multiplies)"}[kind]
     n = 1024
     a = mx.random.normal((n, n))
     mx.eval(a @ a)
@@ -217,21 +235,43 @@ def probe_report(cfg: Config, steps: int) -> bool:
         return False
     times = [r["time/step"] for r in records]
     peak = max(r.get("memory/mlx_peak_gb", 0.0) for r in records)
-    split = {k: statistics.mean(r[f"time/{k}"] for r in records)
+    split = {k: statistics.mean(r[f"time/{k}"] for r in steady_of(records))
              for k in ("generate", "score", "train")}
     total = sum(split.values()) or 1.0
-    say("probe", f"{len(records)} step(s) of {cfg.model.path} in a temporary directory: "
-        + ", ".join(f"{t:.2f}" for t in times) + " s ("
+    say("probe", f"{len(records)} step(s) of {cfg.model.path} in a temporary directory: first "
+        f"{times[0]:.2f} s (it compiles), then " + (", ".join(f"{t:.2f}" for t in times[1:])
+                                                     or "none") + " s ("
         + ", ".join(f"{k} {v / total:.0%}" for k, v in split.items())
         + f"); MLX peak {peak:.2f} GB, trained {sum(r['train/sequences'] for r in records):.0f}"
         " sequences")
     d = cfg.data
     n = total_steps(cfg, len(load_tasks(d.train_file, d.languages, d.max_tasks,
                                         d.difficulties)))
-    per_step = statistics.median(times[1:] or times)  # the first step traces and warms up
+    per_step, note = projection(times)
     say("projected", f"{per_step:.2f} s per step; {n} steps: {hms(per_step * n)} per run "
-        "(held-out evaluations and checkpoints not included)")
+        f"(held-out evaluations and checkpoints not included){note}")
     return True
+
+
+def steady_of(records: list[dict]) -> list[dict]:
+    """The probe's steps after the first (which traces, compiles kernels and warms caches); the
+    first alone when it is the only one."""
+    return records[1:] or records
+
+
+def projection(times: list[float]) -> tuple[float, str]:
+    """(seconds per step, a caveat): the median of the steps after the first. When those still
+    differ by more than 3x (new shapes compiling, or a GPU's cold kernel cache) the projection
+    is an upper bound, and the caveat says so; a single step projects from itself, also said."""
+    if len(times) < 2:
+        return times[0], "; from one step, which includes compilation: an upper bound"
+    steady = times[1:]
+    note = ""
+    if max(steady) > 3 * min(steady):
+        note = (f"; the steps after the first still ranged {min(steady):.2f}-{max(steady):.2f} s "
+                "(new shapes compiling or a cold kernel cache): an upper bound, more --steps "
+                "narrow it")
+    return statistics.median(steady), note
 
 
 def hms(seconds: float) -> str:

@@ -44,7 +44,7 @@ class ModelConfig:
     system_prompt: str = opt("", "Optional system message put before each prompt.")
     backend: Literal["mlx", "torch"] = opt("mlx", "mlx (Apple silicon; CPU on Linux) or torch, "
                                            "the fallback on transformers + PEFT for CUDA (then "
-                                           "MPS, CPU): pip install 'mlx-rlaif[cuda]'.")
+                                           "MPS, CPU): pip install 'mlx-rlaif[torch]'.")
     device: str = opt("", "torch backend only: cuda, cuda:1, mps or cpu (empty: the best found).")
 
 

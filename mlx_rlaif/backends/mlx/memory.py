@@ -307,12 +307,15 @@ def available_ram() -> int:
 
 def device_budget(max_memory_gb: float = 0.0) -> tuple[int, str]:
     """(bytes, where they come from): the config's `max_memory_gb`, else HEADROOM of the
-    recommended working set (Apple silicon) or of the available RAM."""
+    device's own memory (Apple silicon: MLX's recommended working set; CUDA: the GPU's free
+    memory: device.py) or, on the CPU, of the available RAM."""
     if max_memory_gb > 0:
         return int(max_memory_gb * GiB), "training.max_memory_gb"
-    metal = recommended_working_set()
-    if metal:
-        return int(HEADROOM * metal), f"{HEADROOM:.0%} of MLX's recommended working set"
+    from .device import budget_base, current
+
+    base = budget_base(current())  # a GPU's own memory (CUDA, Metal), not the host's RAM
+    if base:
+        return int(HEADROOM * base[0]), f"{HEADROOM:.0%} of {base[1]}"
     return int(HEADROOM * available_ram()), f"{HEADROOM:.0%} of the available RAM"
 
 

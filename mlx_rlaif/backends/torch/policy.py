@@ -18,7 +18,7 @@ Not covered: MLX-quantized model directories (transformers needs the Hugging Fac
 the memory plan (MLX only: the micro-batch size and `training.grad_checkpoint: on` are taken as
 set, `auto` is off); multi-GPU; LoRA on embeddings or expert layers; the AdamW moments of a
 checkpoint written by the MLX backend (weights load, moments restart). Needs
-`pip install 'mlx-rlaif[cuda]'` (torch, transformers, peft).
+`pip install 'mlx-rlaif[torch]'` (torch, transformers, peft).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ try:
     import transformers
 except ImportError as _e:
     raise UsageError(f"the torch backend needs torch, transformers and peft ({_e.name} is not "
-                     "installed): pip install 'mlx-rlaif[cuda]'") from None
+                     "installed): pip install 'mlx-rlaif[torch]'") from None
 
 OPTIMIZER = "optimizer.pt"
 
