@@ -471,6 +471,8 @@ def w_peer(spec: dict) -> dict:
     r = peer.results(0)
     return {"step_s": r["step_s"][-1], "generate_s": r["generate_s"][-1],
             "train_s": r["train_s"][-1], "trained": n * g, "decode_width": r["decode_width"],
+            "all_step_s": r["step_s"], "all_generate_s": r["generate_s"],
+            "all_train_s": r["train_s"],
             "mlx_lm_lora": r["mlx_lm_lora"], **_memory()}
 
 
