@@ -173,7 +173,7 @@ def torch_objective(cfg, mb: dict) -> tuple[float, dict, list[np.ndarray]]:
     total, aux = objective(*inputs, arrays, cfg.rl, cfg.rl.kl_penalty, xp=torch)
     total.backward()
     grads = [x.grad.numpy() for x in inputs]
-    return float(total.detach()), {k: float(v) for k, v in aux.items()}, grads + [
+    return float(total.detach()), {k: float(v.detach()) for k, v in aux.items()}, grads + [
         np.zeros_like(grads[0])]
 
 

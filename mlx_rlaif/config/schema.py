@@ -181,8 +181,8 @@ class RLConfig:
         "clipped per sequence (GSPO, as published: with loss_agg auto each sequence counts "
         "once, and the clip range defaults to 3e-4 / 4e-4). policy/clipfrac is then the share "
         "of trained tokens whose sequence was clipped. The sampler's log-probs are the old "
-        "policy: a sampler/trainer gap above about 4e-4 nats a token (kl/sample_train) clips "
-        "whole sequences.")
+        "policy: a sampler/trainer gap above about 4e-4 nats a token (kl/sample_train, half "
+        "its mean square, about 8e-8) clips whole sequences.")
     clip_low: float | None = opt(None, "PPO clip: ratio lower bound is 1 - clip_low (null: 0.2 "
                                  "for token ratios, 3e-4 for sequence ratios).",
                                  lambda v: v is None or 0 <= v <= 1, "use a number in [0, 1] "
