@@ -117,8 +117,9 @@ def random_batch(row: dict, seed: int) -> list[ref.Seq]:
         old = f32(np.where(fb, 0.0, rng.normal(-1.5, 0.5, n)))  # the sampler's: 0 on feedback
         shift = c * (rng.uniform(-1.5, 1.5) + rng.normal(0, 1, n)) if row["off_policy"] else 0
         logp = f32(np.where(fb, rng.normal(-2, 1, n), old + shift))
-        seqs.append(ref.Seq(group=i // G, score=float(f32(rng.uniform())), old=old, logp=logp,
-                            ref=f32(np.where(fb, rng.normal(-2, 1, n), old + rng.normal(0, 0.3, n))),
+        score = float(f32(rng.uniform()))
+        reference = f32(np.where(fb, rng.normal(-2, 1, n), old + rng.normal(0, 0.3, n)))
+        seqs.append(ref.Seq(group=i // G, score=score, old=old, logp=logp, ref=reference,
                             mask=mask, entropy=f32(rng.uniform(0.5, 3.0, n)),
                             old_values=f32(rng.uniform(0, 1, n)), values=np.zeros(n)))
         seqs[-1].values = f32(seqs[-1].old_values + rng.normal(0, 0.3, n))

@@ -13,12 +13,13 @@ last one:
 R_t is the critic's regression target. Advantages are whitened over every token of the batch
 (with several ranks, of every rank's batch: `whiten`'s `reduce`).
 
+The value loss is clipped as in PPO: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2).
+
 A conversation (generation.max_turns > 1) holds feedback tokens between the answers (`mask`
 0). They are the environment's, not actions: the episode is the student's tokens only (the
 recursion steps from an answer's last token to the next answer's first, the score on the last
 student token), and the whitening counts only the student's tokens; a feedback token gets
 advantage and return 0 (its weight in the loss is 0 as well).
-The value loss is clipped as in PPO: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2).
 
 Not covered: bootstrapping from a value after truncation (a cut completion ends like a finished
 one), rewards at intermediate tokens other than the KL term.

@@ -281,7 +281,7 @@ def check_objective(rl: Any) -> None:
     """The RL options whose combination would silently do something other than what each names
     (docs/algorithms.md: refused combinations)."""
     if rl.ratio_level == "sequence" and rl.loss_agg in ("token", "constant"):
-        raise ConfigError(f"rl.ratio_level = sequence (GSPO) counts each sequence once, but "
+        raise ConfigError("rl.ratio_level = sequence (GSPO) counts each sequence once, but "
                           f"rl.loss_agg = {rl.loss_agg} weighs it by its length: set "
                           "rl.loss_agg to auto or sequence (resuming a run saved that way: "
                           "--set rl.loss_agg=auto), or rl.ratio_level to token")
