@@ -5,6 +5,10 @@ batch, so the loss divisor is global and the gradient does not depend on the mic
     sequence  w = 1 / (len(completion) * sequences in the batch)          (GRPO)
     constant  w = 1 / (max_new_tokens * sequences of the configured batch) (Dr. GRPO)
 
+`rl.loss_agg: auto` (the default) is `sequence` with GSPO's sequence-level ratios (the paper's
+1/G: each sequence counts once, whatever its length) and `token` with token-level ratios;
+`loss_aggregation` resolves it, and every reader of the aggregation (both backends) calls it.
+
 Dr. GRPO's divisor is a constant: the configured batch's sequence count (P x G), not the number
 left after zero-variance groups are dropped, which changes from step to step.
 
@@ -18,6 +22,15 @@ Not covered: reducing the counts (train/distributed.py does).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+
+def loss_aggregation(rl: Any) -> str:
+    """The aggregation of the RL config section `rl`: its `loss_agg`, with `auto` resolved by
+    the ratio level (sequence ratios: `sequence`, token ratios: `token`)."""
+    if rl.loss_agg != "auto":
+        return rl.loss_agg
+    return "sequence" if rl.ratio_level == "sequence" else "token"
 
 
 def aggregation_weights(lengths: Sequence[int], agg: str, max_new_tokens: int,
@@ -36,4 +49,7 @@ def aggregation_weights(lengths: Sequence[int], agg: str, max_new_tokens: int,
         return [1.0 / total if total else 0.0] * n
     if agg == "sequence":
         return [1.0 / (max(length, 1) * seqs) for length in lengths]
+    if agg != "constant":  # "auto" unresolved (`loss_aggregation`) or a typo: never a default
+        raise ValueError(f"unknown loss aggregation {agg!r}: resolve rl.loss_agg with "
+                         "loss_aggregation(rl)")
     return [1.0 / (max_new_tokens * (batch_sequences or seqs))] * n

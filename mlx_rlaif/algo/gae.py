@@ -12,7 +12,14 @@ last one:
 
 R_t is the critic's regression target. Advantages are whitened over every token of the batch
 (with several ranks, of every rank's batch: `whiten`'s `reduce`).
+
 The value loss is clipped as in PPO: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2).
+
+A conversation (generation.max_turns > 1) holds feedback tokens between the answers (`mask`
+0). They are the environment's, not actions: the episode is the student's tokens only (the
+recursion steps from an answer's last token to the next answer's first, the score on the last
+student token), and the whitening counts only the student's tokens; a feedback token gets
+advantage and return 0 (its weight in the loss is 0 as well).
 
 Not covered: bootstrapping from a value after truncation (a cut completion ends like a finished
 one), rewards at intermediate tokens other than the KL term.
@@ -31,14 +38,32 @@ EPS = 1e-8
 
 
 def token_rewards(score: float, length: int, k1: np.ndarray | None = None,
-                  kl_penalty: float = 0.0) -> np.ndarray:
-    """[T] rewards: the score on the last token, minus kl_penalty * k1_t on every token."""
+                  kl_penalty: float = 0.0, mask: Sequence[int] | None = None) -> np.ndarray:
+    """[T] rewards: the score on the last (student's: `mask`) token, minus kl_penalty * k1_t on
+    every token (k1 is 0 on feedback tokens)."""
     r = np.zeros(length, dtype=np.float64)
     if k1 is not None:
         r -= kl_penalty * np.asarray(k1, dtype=np.float64)
-    if length:
-        r[-1] += score
+    steps = student_steps(length, mask)
+    if len(steps):
+        r[steps[-1]] += score
     return r
+
+
+def student_steps(length: int, mask: Sequence[int] | None) -> np.ndarray:
+    """The positions of the student's tokens among `length` (`mask` None: all of them)."""
+    return np.arange(length) if mask is None else np.flatnonzero(np.asarray(mask))
+
+
+def masked_gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float,
+               mask: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`gae` over the student's tokens only (`mask` 1; None: every token): a feedback token is
+    no time step; its advantage and return are 0. Returns [T] arrays."""
+    steps = student_steps(len(rewards), mask)
+    adv, ret = np.zeros(len(rewards)), np.zeros(len(rewards))
+    adv[steps], ret[steps] = gae(np.asarray(rewards)[steps], np.asarray(values)[steps], gamma,
+                                 lam)
+    return adv, ret
 
 
 def gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float
@@ -55,14 +80,22 @@ def gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float
     return adv, adv + values
 
 
-def whiten(advantages: Sequence[np.ndarray], reduce: Reduce | None = None) -> list[np.ndarray]:
-    """The advantages of every token of the batch shifted and scaled to mean 0, std 1 (with
-    `reduce`, a sum over the ranks: of every rank's tokens together)."""
-    flat = np.concatenate(advantages) if advantages else np.zeros(0)
+def whiten(advantages: Sequence[np.ndarray], reduce: Reduce | None = None,
+           masks: Sequence[Sequence[int] | None] | None = None) -> list[np.ndarray]:
+    """The advantages of every (student's: `masks`) token of the batch shifted and scaled to
+    mean 0, std 1 (with `reduce`, a sum over the ranks: of every rank's tokens together);
+    feedback tokens stay 0."""
+    masks = masks or [None] * len(advantages)
+    steps = [student_steps(len(a), m) for a, m in zip(advantages, masks, strict=True)]
+    flat = np.concatenate([np.asarray(a)[s] for a, s in zip(advantages, steps, strict=True)]
+                          ) if advantages else np.zeros(0)
     n, mean, std = batch_moments(flat, reduce)
+    out = [np.asarray(a, dtype=np.float64).copy() for a in advantages]
     if n < 2:
-        return [np.asarray(a, dtype=np.float64) for a in advantages]
-    return [(a - mean) / (std + EPS) for a in advantages]
+        return out
+    for a, s in zip(out, steps, strict=True):
+        a[s] = (a[s] - mean) / (std + EPS)
+    return out
 
 
 def value_loss(values: Any, old_values: Any, returns: Any, clip: float, xp: Any) -> Any:

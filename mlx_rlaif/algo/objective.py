@@ -12,6 +12,18 @@ The weights w_t (aggregation.py) carry the aggregation and its divisor, computed
 whole rollout batch, so summing micro-batch losses gives the same gradient for any micro-batch
 size.
 
+The KL estimators as a loss term, on samples of the policy pi (Schulman's k1/k2/k3; the
+gradient is taken through logp only, as here):
+    k1  grad = grad logp: zero in expectation (E_pi[grad log pi] = 0): the penalty does
+        nothing, so config.check refuses k1 in the loss (the reward's KL, rl.kl_in_reward,
+        is k1: there it is a number, not differentiated)
+    k2  grad = (logp - ref) grad logp: in expectation grad KL(pi || ref), the KL the penalty
+        names (the default)
+    k3  grad = (1 - ref / pi) grad logp: in expectation grad KL(ref || pi), the reverse
+        direction (its value is an unbiased estimate of KL(pi || ref), its gradient is not)
+With num_iterations > 1 the samples are the sampler's, not the current policy's (no
+importance weight on the KL term), so these hold at the first iteration only.
+
 Every function takes the array library as `xp` (mlx.core by default; torch for the torch
 backend), so both backends optimise the same formulas. The log-probs come from the backends
 (`backends/mlx/loss.py`, `backends/torch/update.py`).
@@ -21,7 +33,9 @@ token (gae.py, which also holds the clipped value loss).
 
 Variants of the policy term (`policy_term`): GSPO's sequence-level ratio (`rl.ratio_level:
 sequence`), and CISPO (`rl.loss: cispo`), a REINFORCE term weighted by the clipped, detached
-ratio, which keeps every token's gradient where PPO's clip zeroes it.
+ratio, which keeps every token's gradient where PPO's clip zeroes it. The clip range defaults
+by the ratio level (`clip_range`): 0.2 / 0.28 for token ratios (PPO, DAPO's clip-higher),
+3e-4 / 4e-4 for sequence ratios (the GSPO paper's).
 
 Not covered: per-token clipping schedules, asymmetric sequence clipping beyond clip_low/high.
 """
@@ -34,10 +48,21 @@ import mlx.core as mx
 
 from .gae import value_loss
 
+# (clip_low, clip_high) where the config leaves them unset, by ratio level
+CLIP = {"token": (0.2, 0.28), "sequence": (3e-4, 4e-4)}
+
+
+def clip_range(rl: Any) -> tuple[float, float]:
+    """(clip_low, clip_high) of the RL config section `rl`: its values, or where unset (None)
+    the ratio level's (`CLIP`)."""
+    low, high = CLIP[rl.ratio_level]
+    return (low if rl.clip_low is None else rl.clip_low,
+            high if rl.clip_high is None else rl.clip_high)
+
 
 def kl_estimate(logp: Any, ref_logp: Any, kind: str, xp: Any = mx) -> Any:
-    """Per-token estimate of KL(policy || ref) from samples of the policy. `xp`: the array
-    library (mlx.core; torch for the torch backend)."""
+    """Per-token estimate of KL(policy || ref) from samples of the policy (each one's gradient:
+    the module's docstring). `xp`: the array library (mlx.core; torch for the torch backend)."""
     d = ref_logp - logp
     if kind == "k1":
         return -d
@@ -68,23 +93,37 @@ def sequence_ratio(logp: Any, old_logp: Any, mask: Any, xp: Any = mx) -> Any:
     return xp.exp(((logp - old_logp) * mask).sum(-1)[:, None] / n)
 
 
+def token_sequence_ratio(logp: Any, old_logp: Any, mask: Any, xp: Any = mx) -> Any:
+    """GSPO-token's ratio [N, T]: sg(s) * exp(logp_t - sg(logp_t)), s the sequence ratio. Its
+    value is s on every token, its gradient s * grad logp_t: with one advantage per sequence
+    and the per-sequence aggregation this is GSPO's gradient exactly; with per-token advantages
+    (a critic's) each token keeps its own (the GSPO paper's token variant)."""
+    s = _detached(sequence_ratio(logp, old_logp, mask, xp), xp)
+    return s * xp.exp(logp - _detached(logp, xp))
+
+
+def _detached(x: Any, xp: Any) -> Any:
+    return x.detach() if hasattr(x, "detach") else xp.stop_gradient(x)
+
+
 def policy_term(logp: Any, old_logp: Any, adv: Any, mask: Any, rl: Any, xp: Any = mx
                 ) -> tuple[Any, Any, Any]:
     """Per-token policy loss, the ratio it used and where its clip was active, by `rl.loss` and
     `rl.ratio_level`:
         ppo, token:     max(-A r_t, -A clip(r_t))             r_t = exp(logp_t - old_t)
         ppo, sequence:  max(-A s, -A clip(s)) on every token   s = exp(mean_t(logp_t - old_t))
-                        (GSPO: one ratio, clipped, per sequence)
+                        (GSPO: one ratio, clipped, per sequence; in its token form,
+                        `token_sequence_ratio`)
         cispo:          -sg(clip(r)) A logp_t                  (the clipped ratio a detached
                         weight; r per token, or s per sequence; MiniMax-M1's CISPO)"""
     a = adv[:, None] if adv.ndim == 1 else adv
-    ratio = (sequence_ratio(logp, old_logp, mask, xp) if rl.ratio_level == "sequence"
-             else xp.exp(logp - old_logp)) * xp.ones_like(logp)  # [N, T] either way
+    low, high = clip_range(rl)
+    ratio = (token_sequence_ratio(logp, old_logp, mask, xp) if rl.ratio_level == "sequence"
+             else xp.exp(logp - old_logp))  # [N, T] either way
     if rl.loss != "cispo":
-        return ppo_clip(ratio, a, rl.clip_low, rl.clip_high, xp)
-    bounded = xp.clip(ratio, 1.0 - rl.clip_low, 1.0 + rl.clip_high)
-    weight = bounded.detach() if hasattr(bounded, "detach") else xp.stop_gradient(bounded)
-    return -weight * a * logp, ratio, bounded != ratio
+        return ppo_clip(ratio, a, low, high, xp)
+    bounded = xp.clip(ratio, 1.0 - low, 1.0 + high)
+    return -_detached(bounded, xp) * a * logp, ratio, bounded != ratio
 
 
 def objective(logp: Any, entropy: Any, mb: dict[str, Any], rl: Any, kl_penalty: Any,

@@ -267,6 +267,7 @@ def check(cfg: Config) -> Config:
         raise ConfigError("rl.advantage = reinforce has no group baseline, so rl.scale = group "
                           "(a group's std) is undefined for it: set rl.scale to batch "
                           "(REINFORCE++) or none")
+    check_objective(cfg.rl)
     d = cfg.data
     if d.eval_every and not d.eval_file:
         raise ConfigError("data.eval_every needs held-out tasks: set data.eval_file")
@@ -274,3 +275,18 @@ def check(cfg: Config) -> Config:
         raise ConfigError("training.keep_best needs a periodic evaluation: set data.eval_file and "
                           "data.eval_every")
     return cfg
+
+
+def check_objective(rl: Any) -> None:
+    """The RL options whose combination would silently do something other than what each names
+    (docs/algorithms.md: refused combinations)."""
+    if rl.ratio_level == "sequence" and rl.loss_agg in ("token", "constant"):
+        raise ConfigError("rl.ratio_level = sequence (GSPO) counts each sequence once, but "
+                          f"rl.loss_agg = {rl.loss_agg} weighs it by its length: set "
+                          "rl.loss_agg to auto or sequence (resuming a run saved that way: "
+                          "--set rl.loss_agg=auto), or rl.ratio_level to token")
+    if rl.kl_estimator == "k1" and rl.kl_penalty > 0 and not rl.kl_in_reward:
+        raise ConfigError("rl.kl_estimator = k1 in the loss (rl.kl_in_reward false) has zero "
+                          "gradient in expectation, so rl.kl_penalty would do nothing: use k2 "
+                          "(the gradient of KL(policy || ref)) or k3, or set rl.kl_in_reward "
+                          "to true (the reward takes k1)")

@@ -146,7 +146,9 @@ class RLConfig:
     advantage: Literal["grpo", "rloo", "reinforce", "gae"] = opt(
         "grpo", "Baseline: grpo (group mean), rloo (leave-one-out), reinforce (running mean), or "
         "gae: PPO with a critic (a value head on the policy's last hidden state), per-token "
-        "advantages by generalized advantage estimation, whitened; groups of 1 allowed.")
+        "advantages by generalized advantage estimation, whitened; groups of 1 allowed. With "
+        "generation.max_turns > 1, GAE, its whitening and the value loss run over the "
+        "student's tokens only (a feedback token is no time step).")
     scale: Literal["group", "batch", "none"] = opt(
         "group", "Divide advantages by the group std, the batch std, or nothing (Dr. GRPO).")
     whiten: bool = opt(False, "Whiten advantages over the batch after the baseline.")
@@ -155,9 +157,17 @@ class RLConfig:
     reinforce_decay: float = opt(0.9, "EMA decay of the reinforce running baseline.", _unit)
     kl_penalty: float = opt(0.02, "KL penalty coefficient against the frozen base (LoRA off). "
                             "0 skips the reference forward entirely.", _nonneg)
-    kl_estimator: Literal["k1", "k2", "k3"] = opt("k2", "KL estimator used in the loss.")
-    kl_in_reward: bool = opt(False, "Subtract kl_penalty * sum_t k1 from each reward instead of "
-                             "adding KL to the loss.")
+    kl_estimator: Literal["k1", "k2", "k3"] = opt(
+        "k2", "KL estimator of the loss's KL term (r = ref/policy on the sampled token; the "
+        "gradient through the policy's log-prob, on-policy): k2 = (log r)^2 / 2, gradient that "
+        "of KL(policy || ref) (the default); k3 = r - 1 - log r, an unbiased value of KL(policy "
+        "|| ref) but the gradient of KL(ref || policy), the reverse direction; k1 = -log r has "
+        "zero gradient in expectation, so k1 in the loss (kl_penalty > 0, kl_in_reward false) "
+        "is refused. Not used with kl_in_reward (the reward takes k1).")
+    kl_in_reward: bool = opt(False, "Subtract kl_penalty * sum_t k1 (over the student's tokens) "
+                             "from each reward instead of adding KL to the loss; kl/mean is "
+                             "then k1's mean over the student's tokens, what adaptive_kl "
+                             "steers on.")
     adaptive_kl: bool = opt(False, "Adapt kl_penalty toward kl_target (Ziegler et al. controller); "
                             "on --resume the controller's value continues unless rl.kl_penalty "
                             "was changed.")
@@ -168,13 +178,24 @@ class RLConfig:
         "ratio, detached: MiniMax-M1's CISPO; no token's gradient is zeroed).")
     ratio_level: Literal["token", "sequence"] = opt(
         "token", "Importance ratio per token, or per sequence: exp of the mean token log-ratio, "
-        "clipped per sequence (GSPO).")
-    clip_low: float = opt(0.2, "PPO clip: ratio lower bound is 1 - clip_low.", _unit)
-    clip_high: float = opt(0.28, "PPO clip: ratio upper bound is 1 + clip_high (DAPO clip-higher).",
-                           _nonneg)
-    loss_agg: Literal["token", "sequence", "constant"] = opt(
-        "token", "Loss aggregation: token mean over the whole batch (DAPO), mean of per-sequence "
-        "means (GRPO), or sum / (sequences x max_new_tokens) (Dr. GRPO).")
+        "clipped per sequence (GSPO, as published: with loss_agg auto each sequence counts "
+        "once, and the clip range defaults to 3e-4 / 4e-4). policy/clipfrac is then the share "
+        "of trained tokens whose sequence was clipped. The sampler's log-probs are the old "
+        "policy: a sampler/trainer gap above about 4e-4 nats a token (kl/sample_train, half "
+        "its mean square, about 8e-8) clips whole sequences.")
+    clip_low: float | None = opt(None, "PPO clip: ratio lower bound is 1 - clip_low (null: 0.2 "
+                                 "for token ratios, 3e-4 for sequence ratios).",
+                                 lambda v: v is None or 0 <= v <= 1, "use a number in [0, 1] "
+                                 "or null")
+    clip_high: float | None = opt(None, "PPO clip: ratio upper bound is 1 + clip_high (null: "
+                                  "0.28 for token ratios, DAPO's clip-higher; 4e-4 for sequence "
+                                  "ratios).", lambda v: v is None or v >= 0,
+                                  "use a number >= 0 or null")
+    loss_agg: Literal["auto", "token", "sequence", "constant"] = opt(
+        "auto", "Loss aggregation: token mean over the whole batch (DAPO), mean of per-sequence "
+        "means (GRPO; GSPO's 1/G), or sum / (sequences x max_new_tokens) (Dr. GRPO); auto: "
+        "sequence with ratio_level sequence, else token. token or constant with ratio_level "
+        "sequence is refused (each sequence would count by its length, not GSPO).")
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", _nonneg)
     num_iterations: int = opt(1, "Updates per rollout batch (PPO epochs); the sampler log-probs "
                               "are the old policy, so extra iterations cost no extra forward.", _pos)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..algo import advantages
-from ..algo.gae import gae, token_rewards, whiten
+from ..algo.gae import masked_gae, token_rewards, whiten
 from ..config import Config, prompts_per_step
 from ..faults import fault
 from ..records import Reward, Rollout, Task
@@ -103,6 +103,14 @@ def kl_k1(run: Run, rollouts: list[Rollout], ref: list[np.ndarray]) -> list[np.n
             for r, q in zip(rollouts, ref, strict=True)]
 
 
+def student_k1(rollouts: list[Rollout], k1: list[np.ndarray]) -> np.ndarray:
+    """The k1 of the student's tokens of every rollout, flat (a conversation's feedback tokens
+    left out: they are not the policy's, so not part of its KL)."""
+    parts = [k if r.mask is None else k[np.asarray(r.mask, dtype=bool)]
+             for r, k in zip(rollouts, k1, strict=True)]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
 def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
                   kl_penalty: float) -> Targets:
     """Group-baseline advantages (grpo, rloo, reinforce); with the KL in the reward, the reward
@@ -113,8 +121,8 @@ def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
         k1 = kl_k1(run, rollouts, ops.reference(run.policy, rollouts, cfg))
         values = [None if v is None else v - kl_penalty * float(k.sum())
                   for v, k in zip(scores, k1, strict=True)]
-        flat = np.concatenate(k1) if k1 else np.zeros(0)
-        kl = {"kl/mean": advantages.batch_moments(flat, run.world.reduce, std=False)[1]}
+        kl = {"kl/mean": advantages.batch_moments(student_k1(rollouts, k1), run.world.reduce,
+                                                  std=False)[1]}
     adv = advantages.compute(values, [r.task.id for r in rollouts], cfg.rl.advantage,
                              cfg.rl.scale, cfg.rl.whiten, cfg.rl.drop_zero_std,
                              run.state.reinforce_baseline, cfg.rl.reinforce_decay,
@@ -131,7 +139,8 @@ def critic_targets(run: Run, rollouts: list[Rollout], scores: list[float | None]
     """PPO with a critic (rl.advantage gae): the value head's values of every kept completion
     token (a fresh head first set to this batch's mean reward), per-token rewards (the score on
     the last token; with the KL in the reward, -kl_penalty * k1 on each), GAE advantages
-    whitened over the batch's tokens and the returns the value loss regresses on."""
+    whitened over the batch's tokens and the returns the value loss regresses on. In a
+    conversation, over the student's tokens only (algo/gae.py: feedback is no time step)."""
     cfg, ops, rl, reduce = run.cfg, run.ops, run.cfg.rl, run.world.reduce
     valid = np.array([s is not None for s in scores], dtype=bool)
     keep = [i for i in range(len(rollouts)) if valid[i]
@@ -142,29 +151,31 @@ def critic_targets(run: Run, rollouts: list[Rollout], scores: list[float | None]
                                           reduce, std=False)  # every rank's, with several
     values = ops.values(run.policy, kept, cfg, mean if n else None) if n else []
     k1 = kl_k1(run, kept, ref) if ref is not None and rl.kl_in_reward else None
-    per_seq = [gae(token_rewards(scores[i], len(r.tokens), k1[j] if k1 else None, kl_penalty),
-                   v, rl.gamma, rl.lam)
+    per_seq = [masked_gae(token_rewards(scores[i], len(r.tokens), k1[j] if k1 else None,
+                                        kl_penalty, r.mask), v, rl.gamma, rl.lam, r.mask)
                for j, (i, r, v) in enumerate(zip(keep, kept, values, strict=True))]
-    adv = whiten([a for a, _ in per_seq], reduce)
+    adv = whiten([a for a, _ in per_seq], reduce, [r.mask for r in kept])
     summary = np.zeros(len(rollouts))
-    summary[keep] = [float(a.mean()) if len(a) else 0.0 for a in adv]
+    summary[keep] = [float(a.sum() / r.trained_tokens) if r.trained_tokens else 0.0
+                     for a, r in zip(adv, kept, strict=True)]
     mask = np.zeros(len(rollouts), dtype=bool)
     mask[keep] = True
-    kl = kl_mean(k1, reduce, kl_penalty > 0 and rl.kl_in_reward)
+    kl = kl_mean(None if k1 is None else student_k1(kept, k1), reduce,
+                 kl_penalty > 0 and rl.kl_in_reward)
     return Targets(keep, adv, None if rl.kl_in_reward else ref,
                    {"returns": [ret for _, ret in per_seq], "old_values": values}, kl,
                    advantages.Advantages(summary, mask, np.zeros(len(rollouts), dtype=bool),
                                          valid, None))
 
 
-def kl_mean(k1: list[np.ndarray] | None, reduce: advantages.Reduce | None, wanted: bool
+def kl_mean(k1: np.ndarray | None, reduce: advantages.Reduce | None, wanted: bool
             ) -> dict[str, float]:
-    """kl/mean over the tokens of k1 ({} without any): with several ranks (`reduce`), over
-    every rank's, whenever the config asks for it (`wanted`), so every rank sums."""
-    if not k1 and not (wanted and reduce is not None):
+    """kl/mean over the student's tokens' k1 (`student_k1`; {} without any): with several
+    ranks (`reduce`), over every rank's, whenever the config asks for it (`wanted`), so every
+    rank sums."""
+    if (k1 is None or not len(k1)) and not (wanted and reduce is not None):
         return {}
-    n, mean, _ = advantages.batch_moments(np.concatenate(k1) if k1 else np.zeros(0), reduce,
-                                          std=False)
+    n, mean, _ = advantages.batch_moments(np.zeros(0) if k1 is None else k1, reduce, std=False)
     return {"kl/mean": mean} if n else {}
 
 

@@ -42,7 +42,7 @@ import numpy as np
 from mlx.utils import tree_map, tree_unflatten
 
 from ... import cpu
-from ...algo.aggregation import aggregation_weights
+from ...algo.aggregation import aggregation_weights, loss_aggregation
 from ...artifacts import checkpoint
 from ...artifacts.lora import adapter_weights
 from ...config import Config, batch_sequences, micro_batch_size
@@ -71,7 +71,7 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
     if (shard.sequences if shard is not None else len(rollouts)) == 0:
         return {"train/tokens": 0.0}, 0
     lengths = [r.trained_tokens for r in rollouts]
-    w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens,
+    w = aggregation_weights(lengths, loss_aggregation(cfg.rl), cfg.generation.max_new_tokens,
                             batch_sequences(cfg), *((shard.tokens, shard.sequences) if shard
                                                     else ()))
     mbs = [build(rollouts, rows, adv, w, ref, shared, critic)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ...algo import objective
-from ...algo.aggregation import aggregation_weights
+from ...algo.aggregation import aggregation_weights, loss_aggregation
 from ...config import batch_sequences, micro_batch_size
 from ...records import Rollout
 from .. import batch as batching
@@ -154,7 +154,7 @@ def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list
         return {"train/tokens": 0.0}, 0
     skipped = 0
     lengths = [r.trained_tokens for r in rollouts]
-    w = aggregation_weights(lengths, cfg.rl.loss_agg, cfg.generation.max_new_tokens,
+    w = aggregation_weights(lengths, loss_aggregation(cfg.rl), cfg.generation.max_new_tokens,
                             batch_sequences(cfg), *((shard.tokens, shard.sequences) if shard
                                                     else ()))
     mbs = [to_torch(batching.build(rollouts[s], adv[s], w[s], ref[s] if ref is not None else None),
