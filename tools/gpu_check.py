@@ -77,8 +77,8 @@ def install(wheels: Path, parts: Path | None, target: Path = SITE) -> dict:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                         "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(target),
                         *whl], check=True)
-    pieces = sorted(glob.glob(str(wheels / "*.tar.xz*"))) + (
-        sorted(glob.glob(str(parts / "*.tar.xz*"))) if parts else [])
+    pieces = sorted(glob.glob(str(wheels / "*.tar.xz*")) + (
+        glob.glob(str(parts / "*.tar.xz*")) if parts else []), key=lambda f: Path(f).name)
     if pieces:
         cat = subprocess.Popen(["cat", *pieces], stdout=subprocess.PIPE)
         subprocess.run(["tar", "-C", str(target), "-xJf", "-"], stdin=cat.stdout, check=True)
