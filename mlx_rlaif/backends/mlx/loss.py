@@ -6,23 +6,24 @@ Memory: at a real vocabulary (Qwen2.5: 151,936) the float32 logits of a micro-ba
 [sequences, positions, vocabulary], are the largest arrays of the step (8 completions of 512
 tokens: 2.5 GB each). So the model is split into its transformer (`body`) and its own output
 head (`head`: `lm_head`, or the tied embedding's `as_linear`, quantized in a 4-bit model; never
-a re-implementation), and where the logits would exceed `LOGITS_CHUNK_MB` the log-probs and
-entropies are computed a chunk of positions at a time, and their gradient too, each chunk's
-logits recomputed from the hidden states (`chunked_value_and_grad`): the vocabulary-sized memory
-is that of one chunk whatever the number of sequences and their length (Cut Cross-Entropy's
-aim, by recomputation; tests/test_chunked_loss.py checks values and gradients against the full
-computation). Each chunk is evaluated before the next is built: MLX schedules independent
-branches of a graph together, so a lazily built chain of chunks would hold them all at once.
-Smaller micro-batches keep the one-pass path.
+a re-implementation), and the log-probs and entropies are computed a chunk of positions at a
+time (`head_logprobs`: at most `limit_mb` MB of float32 logits a chunk, the budget's share:
+memory.logits_chunk_mb), inside the gradient, as one custom function whose backward pass
+recomputes each chunk's logits (Cut Cross-Entropy's aim, by recomputation): one pass of the
+transformer per micro-batch, nothing evaluated inside the transformation, the chunks chained
+with `mx.depends` so that they run one after the other. MLX still allocates ahead of the
+computation; the update's memory limit (memory.limited) bounds how far
+(tests/test_chunked_loss.py checks values and gradients against the full computation, the
+single transformer pass, and the memory).
 
 Speed: the vocabulary-sized work (log-softmax and entropy over [N, T, V]) dominates the loss on
 small models, so `logprobs_and_entropy` does a single exp pass over the logits, and on MLX's CPU
 backend (the `cpu` gate) computes it as 2**(x log2 e), about 3x faster there than `mx.exp`
 (BENCHMARKS.md).
 
-Not covered: value losses, sequence-level importance ratios (GSPO), architectures that
-transform the logits after the head (logit soft-capping: `split_head` finds them and the full
-logits path runs).
+Not covered: architectures that transform the logits after the head (logit soft-capping:
+`split_head` finds them and the full logits path runs), a fused chunked cross-entropy kernel
+(each chunk's logits are materialized, one chunk at a time).
 """
 
 from __future__ import annotations

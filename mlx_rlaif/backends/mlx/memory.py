@@ -7,17 +7,26 @@ growing in steps of 256 positions, the sampler's vocabulary-sized buffers, the f
 copy), the reference pass (a forward without gradients) and the update (the activations the
 backward pass keeps for a micro-batch, all of them or, with per-block checkpointing, each
 block's input plus one block's worth; the attention's scores; the loss's hidden states and its
-chunks of logits: loss.py). Each is a pure function of the model's shapes (`Shape`) and the
+chunks of logits beside them, the update being one pass: loss.py). Each is a pure function of the model's shapes (`Shape`) and the
 step's (`Work`), in bytes; the constants that are not shapes (how many chunk-sized buffers the
 loss holds, how many score-sized ones the attention does) were measured on MLX's CPU backend
 (BENCHMARKS.md, "Scale": the model against measured peaks at the Qwen2.5-0.5B shape).
 
 `plan(...)` picks, where the config leaves them to it (0 / auto), the decode width, the
 micro-batch size and per-block checkpointing: the widest decoding and the largest micro-batch
-that fit the budget, a micro-batch's kept activations held under `ACTIVATION_TARGET`, and
+that fit the budget, a micro-batch's kept activations held under `activation_aim` (a share of
+the budget, at least 1 GB), and
 per-block checkpointing where one sequence's would be over it or no micro-batch fits without
 it: the update's memory stays about the same whatever the completions' length (BENCHMARKS.md,
 "Scale"). A run that cannot fit raises ConfigError naming the setting to change.
+
+Sizes that follow the budget: the head's logits chunk (`logits_chunk_mb`), the compile limit
+of the update (`compile_max_logits_mb`), the activation aim (`activation_aim`). During the
+update and the reference pass MLX's memory limit is what is held plus the phase's predicted
+bytes (`limited`, `phase_limit`), which bounds how far MLX's evaluation allocates ahead.
+16-bit weights and activations are modelled by their item size (`Shape.act_bytes`), mlx-lm's
+SwiGLU where the CPU kernels are off (`Shape.cpu_kernels`); the constants were measured on the
+CPU build in float32 (tools/profile_update.py checks them on any device).
 
 The budget (`device_budget`): `training.max_memory_gb`, else what the device can use: on Apple
 silicon MLX's recommended working set, elsewhere the available RAM, with `HEADROOM`. On Apple

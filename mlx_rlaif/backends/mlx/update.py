@@ -8,17 +8,22 @@ reference log-probs come from the same weights with the LoRA layers bypassed.
 
 The forward + backward of a micro-batch and the optimizer step run under `mx.compile`, with the
 model's arrays and MLX's random state as the traced function's implicit inputs and outputs (how
-mlx-lm's trainer compiles its step): MLX fuses their element-wise chains (the tiny model's update
-10-15% faster). A trace is made per batch shape and kept in `traced` (a dict the caller holds
-for the run: `backends.ops.mlx_ops`); the KL penalty, which the adaptive controller changes, is
-an input, not a traced constant. Micro-batches whose logits exceed `COMPILE_MAX_LOGITS_MB` run
-eagerly: there the compiled graph kept two more vocabulary-sized arrays (Qwen2.5-0.5B shape,
-8 x 65 positions: peak 4.45 -> 5.1 GB) and was not faster. The reference pass is not compiled;
-on the CPU (the `cpu` gate) it spreads over two streams (`reference_logprobs`).
+mlx-lm's trainer compiles its step): MLX fuses their element-wise chains. A trace is made per
+batch shape and kept in `traced` (a dict the caller holds for the run: `backends.ops.mlx_ops`),
+with the number of traces per function (`traced["counts"]`; `compile/traces` in the metrics:
+those this update made); the KL penalty, which the adaptive controller changes, is an input,
+not a traced constant. Shapes are few: the micro-batches are of equal size (within a row),
+padded with zero-weight rows to a bucket, their lengths rounded to buckets (batch.py).
+Micro-batches whose logits exceed the budget's compile limit (`memory.compile_max_logits_mb`)
+run eagerly. The reference pass is not compiled; on the CPU (the `cpu` gate) it spreads over
+two streams (`reference_logprobs`).
 
-Gradient checkpointing per block (`training.grad_checkpoint: on`, checkpointing.py) wraps the
-update; the micro-batch's logits go through the head in chunks where they would not fit
-(`loss.chunked_value_and_grad`).
+The loss runs the transformer once per micro-batch (loss.rl_loss: the head's log-probs a chunk
+at a time inside the gradient, each chunk's logits recomputed in the backward pass). Both the
+update and the reference pass run under an MLX memory limit of what is held plus the phase's
+predicted bytes (`memory.limited`): MLX evaluates ahead of the computation and would otherwise
+allocate a micro-batch's chunks all at once. Gradient checkpointing per block
+(`training.grad_checkpoint: on`, checkpointing.py) wraps the update.
 
 Not covered: mixed precision beyond what the model's dtype gives.
 """
