@@ -1,6 +1,8 @@
 """Log-probs in bounded memory (backends/mlx/loss.py): through the model's own body and head,
-chunk by chunk with each chunk's logits recomputed in the backward pass. Values and gradients
-equal the full computation; the vocabulary-sized memory does not grow with the sequences."""
+chunk by chunk with each chunk's logits recomputed in the backward pass, in one pass of the
+transformer. Values and gradients equal the full computation, compiled or not; the transformer
+runs forward once per micro-batch; under the phase's memory limit the vocabulary-sized memory
+does not grow with the sequences."""
 
 from __future__ import annotations
 
@@ -57,8 +59,9 @@ def test_the_split_is_the_models_own_head(micro_model: Path) -> None:
                                atol=1e-6)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 def test_chunked_values_and_gradients_equal_the_full_computation(
-        micro_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        micro_model: Path, compiled: bool) -> None:
     policy = load_policy(str(micro_model))
     _perturb(policy.model)
     mb = _batch(_rollouts(6, 11, 512))
@@ -66,12 +69,15 @@ def test_chunked_values_and_gradients_equal_the_full_computation(
     full = nn.value_and_grad(policy.model, partial(loss.rl_loss, rl=rl, kl_penalty=0.1,
                                                    temperature=0.8))
     (l_full, aux_full), g_full = full(policy.model, mb)
-    monkeypatch.setattr(loss, "LOGITS_CHUNK_MB", 0)  # -> chunks of one position
-    assert loss.chunk_tokens(512) == 1 and loss.needs_chunks(policy.split, mb)
-    chunked = loss.chunked_value_and_grad(policy.model, policy.split, rl, 0.8)
-    (l_chunk, aux_chunk), g_chunk = chunked(mb, mx.array(0.1))
+    assert loss.chunk_tokens(512, 1e-9) == 1 and len(loss.chunk_slices(policy.split, 66, 1e-9)) > 1
+    chunked = nn.value_and_grad(policy.model, partial(  # chunks of one position
+        loss.rl_loss, rl=rl, kl_penalty=0.1, temperature=0.8, split=policy.split, limit_mb=1e-9))
+    fn = (mx.compile(lambda b: chunked(policy.model, b), inputs=[policy.model.state],
+                     outputs=[policy.model.state]) if compiled
+          else lambda b: chunked(policy.model, b))
+    (l_chunk, aux_chunk), g_chunk = fn(mb)
     lp_full, ent_full = loss.micro_batch_stats(policy.model, None, mb, 0.8)
-    lp, ent = loss.micro_batch_stats(policy.model, policy.split, mb, 0.8)  # the reference pass
+    lp, ent = loss.micro_batch_stats(policy.model, policy.split, mb, 0.8, 1e-9)  # reference
     np.testing.assert_allclose(np.array(lp), np.array(lp_full), atol=2e-5)
     np.testing.assert_allclose(np.array(ent), np.array(ent_full), atol=2e-5)
     assert l_chunk.item() == pytest.approx(l_full.item(), rel=1e-5, abs=1e-7)
@@ -83,31 +89,65 @@ def test_chunked_values_and_gradients_equal_the_full_computation(
         np.testing.assert_allclose(np.array(flat_chunk[k]), np.array(v), rtol=1e-4, atol=1e-7)
 
 
+def test_one_transformer_forward_per_micro_batch(micro_model: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunked update runs the body forward once per micro-batch and iteration (the old one
+    ran it twice: once for the hidden states, once inside the gradient). Uncompiled, so each
+    call of the body is one forward of the graph."""
+    from mlx_rlaif.backends.mlx import memory, update
+    from mlx_rlaif.config import load
+
+    monkeypatch.setattr(loss, "LOGITS_CHUNK_MB", 0)  # chunks of one position
+    monkeypatch.setattr(memory, "LOGITS_CHUNK_MB", 0, raising=False)
+    monkeypatch.setattr(update, "compiled", lambda fn, model, *more: fn)
+    policy = load_policy(str(micro_model))
+    body = type(policy.split.body)
+    calls = []
+    real = body.__call__
+    monkeypatch.setattr(body, "__call__", lambda self, *a, **k: calls.append(1) or real(
+        self, *a, **k))
+    cfg = load(None, ["training.share_prompt=false", "training.micro_batch_size=2",
+                      "rl.num_iterations=2"])
+    rollouts = _rollouts(6, 9, 512)
+    opt = update.make_optimizer(cfg.training, 10)
+    ref = [np.array(r.logprobs) for r in rollouts]
+    m, _ = update.update(policy, opt, rollouts, np.linspace(-1, 1, 6), ref, cfg, 0.1)
+    assert np.isfinite(m["loss/total"])
+    assert len(calls) == 3 * 2  # 3 micro-batches x 2 iterations
+
+
 @pytest.fixture(scope="module")
 def wide_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp("wide") / "model", "wide-vocab", seed=1)
 
 
-def _peak_gb(policy, n: int, width: int) -> float:
+def _peak_gb(policy, n: int, width: int, limit_mb: float) -> float:
+    from mlx_rlaif.backends.mlx import memory
     from mlx_rlaif.backends.mlx.update import grad_fn
     from mlx_rlaif.config import load
 
     mb = _batch(_rollouts(n, width, 65536, seed=n))
     fn = grad_fn(policy.model, load(None, []), policy.split)
     mx.eval(mb)
+    mx.synchronize()
     mx.reset_peak_memory()
     before = mx.get_active_memory()
-    mx.eval(fn(mb, mx.array(0.1)))
+    with memory.limited(before + int(0.3e9)):
+        mx.eval(fn(mb, mx.array(0.1)))
     return (mx.get_peak_memory() - before) / 1e9
 
 
-def test_vocabulary_memory_is_bounded_by_a_chunk(wide_vocab: Path) -> None:
-    """At a 65,536-token vocabulary the float32 logits of 8 x 512 positions take 1.07 GB (and
-    the one-pass loss keeps several arrays of that size). Through the chunks (64 MB of logits
-    each) the step's peak stops growing once a micro-batch fills a chunk: 4 x 256 and
-    8 x 512 positions peak alike (measured 0.554 and 0.556 GB; 16 x 512: 0.558 GB)."""
+def test_vocabulary_memory_is_bounded_by_a_chunk(wide_vocab: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a 65,536-token vocabulary the float32 logits of 8 x 512 positions take 1.07 GB (the
+    one-pass loss keeps several arrays of that size). Through chunks of 64 MB of logits, under a
+    memory limit 0.3 GB over what is held (as the update runs: memory.limited), the peak stays
+    near the limit: 4 x 256 and 8 x 512 positions peak alike. Without chunks the same limit
+    cannot hold it (MLX only waits for running work: it never fails an allocation)."""
     policy = load_policy(str(wide_vocab))
-    small = _peak_gb(policy, 4, 256)
-    large = _peak_gb(policy, 8, 512)
-    assert large < 0.7, large
-    assert large - small < 0.05, (small, large)
+    small = _peak_gb(policy, 4, 256, 64)
+    large = _peak_gb(policy, 8, 512, 64)
+    assert large < 0.45, large
+    assert large - small < 0.1, (small, large)
+    monkeypatch.setattr(loss, "chunk_tokens", lambda vocab, limit_mb=None: 10**9)  # one chunk
+    assert _peak_gb(policy, 8, 512, 64) > 1.0

@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_rlaif.algo.aggregation import aggregation_weights
 from mlx_rlaif.artifacts.lora import lora_layers
 from mlx_rlaif.backends.batch import build_shared
-from mlx_rlaif.backends.mlx import update
+from mlx_rlaif.backends.mlx import memory, update
 from mlx_rlaif.backends.mlx.loss import rl_loss
 from mlx_rlaif.backends.mlx.policy import load_policy
 from mlx_rlaif.backends.mlx.update import grad_fn, kept, make_optimizer, optimizer_step
@@ -101,17 +101,21 @@ def test_kept_traces_again_for_a_new_owner() -> None:
     assert made == [a, b, a]
 
 
-@pytest.mark.parametrize(("limit_mb", "traced"), [(64, True), (0, False)])
-def test_large_micro_batches_run_eagerly(micro_model: Path, monkeypatch: pytest.MonkeyPatch,
-                                         limit_mb: int, traced: bool) -> None:
+@pytest.mark.parametrize(("floor_mb", "budget_gb", "traced"),
+                         [(64, 0, True), (0, 0, False), (0, 16, True)])
+def test_micro_batches_over_the_budgets_compile_limit_run_eagerly(
+        micro_model: Path, monkeypatch: pytest.MonkeyPatch, floor_mb: int, budget_gb: float,
+        traced: bool) -> None:
+    """The compile limit is a share of the budget (16 GB: 1 GB of logits), at least the floor."""
     calls = []
 
     def recording(fn, model, *more):  # noqa: ANN001, ANN202  (stands in for update.compiled)
         return lambda *a: calls.append(1) or fn(*a)
 
     monkeypatch.setattr(update, "compiled", recording)
-    monkeypatch.setattr(update, "COMPILE_MAX_LOGITS_MB", limit_mb)
+    monkeypatch.setattr(memory, "COMPILE_MAX_LOGITS_MB", floor_mb)
     model = _policy(micro_model)
-    (loss, _), _ = update.grad_fn(model, load_config(None, []))(_batch(), mx.array(0.1))
+    cfg = load_config(None, [f"training.max_memory_gb={budget_gb}"])
+    (loss, _), _ = update.grad_fn(model, cfg)(_batch(), mx.array(0.1))
     assert np.isfinite(loss.item())
     assert bool(calls) is traced

@@ -47,22 +47,28 @@ def test_arithmetic_by_hand() -> None:
     assert memory.activation_bytes(S, W, 4, False) == 416 * 2 * 3584
     assert memory.activation_bytes(S, W, 4, True) == 416 * (2 * 64 * 4 + 5 * 3584)
     # the chunk of logits: 64 MB / (4 x 4096) = 4096 positions; 416 + 1 prompt x 20 are fewer
-    assert memory.head_bytes(S, 436, 9) == 9 * 4 * 4096 * 436
+    assert memory.head_bytes(S, W, 436, 9) == 9 * 4 * 4096 * 436
     # the update of 4 rows: hidden states and their gradient (2 x 416 x 64 floats) + the
     # prompt's keys and values gathered to the 4 rows (2 layers x 2 x 32 floats x 20
     # positions) + kept activations + one block's scores (3 copies, 4 heads, 104 x 124) + the
-    # loss's 9 chunks of 1 prompt x 20 + 416 positions: all at once (one chunk holds them)
+    # loss's 6 chunks of 1 prompt x 20 + 416 positions: all at once (one pass)
     body = 416 * 2 * 3584 + 3 * 4 * 4 * 4 * 104 * 124
-    head = 9 * 4 * 4096 * 436
+    head = 6 * 4 * 4096 * 436
     expected = 2 * 416 * 64 * 4 + 2 * 2 * 32 * 4 * 4 * 20 + body + head
     assert memory.update_bytes(S, W, 4, False) == expected
-    # more positions than a chunk: the loss's chunks run before the backward pass, the larger
-    # of the two counts
+    # more positions than a chunk: 6 chunks of 4,096 positions in flight beside the activations
     long = replace(W, new_tokens=2047, train_rows=4)  # 2048 positions a row, 8,192 in all
     body = 8192 * 2 * 3584 + 3 * 4 * 4 * 4 * 2048 * 2068
-    head = 9 * 4 * 4096 * 4096
+    head = 6 * 4 * 4096 * 4096
     assert memory.update_bytes(S, long, 4, False) == (
-        2 * 8192 * 64 * 4 + 2 * 2 * 32 * 4 * 4 * 20 + max(body, head))
+        2 * 8192 * 64 * 4 + 2 * 2 * 32 * 4 * 4 * 20 + body + head)
+    # a chunk of 128 MB (a 32 GB budget: 1/256) holds twice the positions
+    assert memory.head_bytes(S, replace(long, chunk_mb=128), 8212, 6) == 6 * 4 * 4096 * 8192
+    # bfloat16: half the bytes of every activation, the head's bfloat16 output beside each
+    # float32 chunk; mlx-lm's SwiGLU (no CPU kernel) keeps 2 more intermediate-sized arrays
+    half = replace(S, act_bytes=2, cpu_kernels=False)
+    assert memory.block_bytes(half) == (7 * 64 + 2 * 32 + 5 * 128) * 2
+    assert memory.head_bytes(half, W, 436, 6) == 6 * (4 + 2) * 4096 * 436
     # weights + adapters with their gradient, summed gradient and AdamW's two moments
     assert memory.fixed_bytes(S) == MB + 5 * 4 * 1000
 
@@ -106,10 +112,27 @@ def test_plan_refuses_weights_over_budget() -> None:
 def test_activation_target_bounds_the_micro_batch() -> None:
     big = replace(S, layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64)
     long = replace(W, prompts=2, group=8, new_tokens=1024, train_rows=16)
-    p = memory.plan(big, long, 100 * GiB)
+    p = memory.plan(big, long, 16 * GiB)
     assert p.micro_batch < 16
     assert memory.activation_bytes(big, long, p.micro_batch, p.checkpoint) <= (
         memory.ACTIVATION_TARGET)
+
+
+def test_the_activation_aim_scales_with_the_budget() -> None:
+    """The issue's GPU run: 2 x 8 x 256 of the 0.5B shape in bfloat16 on a 105 GB budget was
+    split into micro-batches of 4 by a fixed 1 GB aim; the aim is now 1/16 of the budget (at
+    least 1 GB), and the logits chunk and compile limit scale the same way."""
+    big = Shape(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64,
+                vocab=151936, weight_bytes=GiB, act_bytes=2, lora_params=4_400_000,
+                cpu_kernels=False)
+    step = Work(prompts=2, group=8, prompt_len=48, new_tokens=256, train_rows=16)
+    assert memory.plan(big, step, 105 * GiB).micro_batch == 16
+    assert memory.plan(big, step, 12 * GiB).micro_batch < 16  # a 16 GB Mac: the 1 GB aim
+    assert memory.activation_aim(12 * GiB) == GiB
+    assert memory.activation_aim(105 * GiB) == 105 * GiB // 16
+    assert memory.logits_chunk_mb(8 * GiB) == 64 and memory.logits_chunk_mb(100 * GiB) == 400
+    assert memory.compile_max_logits_mb(0) == 64
+    assert memory.compile_max_logits_mb(32 * GiB) == 2048
 
 
 def test_auto_checkpoints_a_row_over_the_activation_target() -> None:
@@ -118,13 +141,13 @@ def test_auto_checkpoints_a_row_over_the_activation_target() -> None:
     big = replace(S, layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64)
     long = replace(W, prompts=1, group=4, new_tokens=1024, train_rows=4)
     assert memory.activation_bytes(big, long, 1, False) > memory.ACTIVATION_TARGET
-    p = memory.plan(big, long, 100 * GiB)
+    p = memory.plan(big, long, 16 * GiB)  # the aim: 1 GB
     assert p.checkpoint and p.micro_batch >= 1
     assert memory.activation_bytes(big, long, p.micro_batch, True) <= memory.ACTIVATION_TARGET
-    off = memory.plan(big, long, 100 * GiB, checkpoint="off")
+    off = memory.plan(big, long, 16 * GiB, checkpoint="off")
     assert (off.micro_batch, off.checkpoint) == (1, False)
     short = replace(long, new_tokens=64)  # under the aim: no checkpointing
-    assert not memory.plan(big, short, 100 * GiB).checkpoint
+    assert not memory.plan(big, short, 16 * GiB).checkpoint
 
 
 def test_shape_of_a_loaded_model(micro_model: Path) -> None:

@@ -6,23 +6,24 @@ Memory: at a real vocabulary (Qwen2.5: 151,936) the float32 logits of a micro-ba
 [sequences, positions, vocabulary], are the largest arrays of the step (8 completions of 512
 tokens: 2.5 GB each). So the model is split into its transformer (`body`) and its own output
 head (`head`: `lm_head`, or the tied embedding's `as_linear`, quantized in a 4-bit model; never
-a re-implementation), and where the logits would exceed `LOGITS_CHUNK_MB` the log-probs and
-entropies are computed a chunk of positions at a time, and their gradient too, each chunk's
-logits recomputed from the hidden states (`chunked_value_and_grad`): the vocabulary-sized memory
-is that of one chunk whatever the number of sequences and their length (Cut Cross-Entropy's
-aim, by recomputation; tests/test_chunked_loss.py checks values and gradients against the full
-computation). Each chunk is evaluated before the next is built: MLX schedules independent
-branches of a graph together, so a lazily built chain of chunks would hold them all at once.
-Smaller micro-batches keep the one-pass path.
+a re-implementation), and the log-probs and entropies are computed a chunk of positions at a
+time (`head_logprobs`: at most `limit_mb` MB of float32 logits a chunk, the budget's share:
+memory.logits_chunk_mb), inside the gradient, as one custom function whose backward pass
+recomputes each chunk's logits (Cut Cross-Entropy's aim, by recomputation): one pass of the
+transformer per micro-batch, nothing evaluated inside the transformation, the chunks chained
+with `mx.depends` so that they run one after the other. MLX still allocates ahead of the
+computation; the update's memory limit (memory.limited) bounds how far
+(tests/test_chunked_loss.py checks values and gradients against the full computation, the
+single transformer pass, and the memory).
 
 Speed: the vocabulary-sized work (log-softmax and entropy over [N, T, V]) dominates the loss on
 small models, so `logprobs_and_entropy` does a single exp pass over the logits, and on MLX's CPU
 backend (the `cpu` gate) computes it as 2**(x log2 e), about 3x faster there than `mx.exp`
 (BENCHMARKS.md).
 
-Not covered: value losses, sequence-level importance ratios (GSPO), architectures that
-transform the logits after the head (logit soft-capping: `split_head` finds them and the full
-logits path runs).
+Not covered: architectures that transform the logits after the head (logit soft-capping:
+`split_head` finds them and the full logits path runs), a fused chunked cross-entropy kernel
+(each chunk's logits are materialized, one chunk at a time).
 """
 
 from __future__ import annotations
@@ -35,13 +36,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ... import cpu
-from ...algo.gae import value_loss
 from ...algo.objective import objective
 from ...cpu.kernels import power_exp
 from ..batch import chunks
 from . import shared_prompt
 
-LOGITS_CHUNK_MB = 64  # the float32 logits of one chunk of positions, at most
+LOGITS_CHUNK_MB = 64  # the float32 logits of one chunk of positions, at most (the default)
 
 
 @dataclass(frozen=True)
@@ -74,123 +74,76 @@ def split_head(model: nn.Module) -> Split | None:
     return Split(body, head, full.shape[-1])
 
 
-def chunk_tokens(vocab: int, limit_mb: int | None = None) -> int:
+def chunk_tokens(vocab: int, limit_mb: float | None = None) -> int:
     """Positions per chunk so that one chunk's float32 logits take at most `limit_mb` (default
-    LOGITS_CHUNK_MB)."""
-    return max(1, ((limit_mb or LOGITS_CHUNK_MB) << 20) // (4 * vocab))
+    LOGITS_CHUNK_MB; the update passes the budget's: memory.logits_chunk_mb)."""
+    return max(1, int((limit_mb or LOGITS_CHUNK_MB) * 2**20) // (4 * vocab))
 
 
-def chunk_slices(split: Split, positions: int) -> list[slice]:
-    return chunks(positions, chunk_tokens(split.vocab))
+def chunk_slices(split: Split, positions: int, limit_mb: float | None = None) -> list[slice]:
+    return chunks(positions, chunk_tokens(split.vocab, limit_mb))
 
 
-def head_stats(split: Split, hidden: mx.array, targets: mx.array, temperature: float
-               ) -> tuple[mx.array, mx.array]:
+def head_logprobs(split: Split, hidden: mx.array, targets: mx.array, temperature: float,
+                  limit_mb: float | None = None) -> tuple[mx.array, mx.array]:
     """(log-probs, entropies) [N, W] of `targets` [N, W] under the head applied to `hidden`
-    [N, W, D], chunk by chunk, each chunk evaluated before the next is built (MLX would
-    otherwise schedule the independent chunks together): one chunk's logits at a time."""
+    [N, W, D], a chunk of positions at a time (`chunk_slices`), differentiable with respect to
+    `hidden`, lazily: nothing is evaluated here.
+
+    One custom function over all chunks (`mx.custom_function`): its forward keeps no logits for
+    the backward pass; its backward recomputes each chunk's logits and takes their gradient. The
+    chunks are chained with `mx.depends`, in the forward (chunk k + 1 after chunk k's results)
+    and in the backward (chunk k + 1's recomputation after chunk k's gradient, the first after
+    the cotangents exist), so MLX, which schedules independent branches of a graph together,
+    holds one chunk's vocabulary-sized arrays at a time, and never recomputes a chunk during the
+    forward pass. Logits that fit one chunk are differentiated as they are (not recomputed)."""
     n, w, d = hidden.shape
-    flat_h, flat_t = hidden.reshape(n * w, d), targets.reshape(n * w)
-    parts = []
-    for s in chunk_slices(split, n * w):
-        part = logprobs_and_entropy(split.head(flat_h[s]), flat_t[s], temperature)
-        mx.eval(part)
-        parts.append(part)
-    return (mx.concatenate([p[0] for p in parts]).reshape(n, w),
-            mx.concatenate([p[1] for p in parts]).reshape(n, w))
+    slices = chunk_slices(split, n * w, limit_mb)
+    flat_t = targets.reshape(n * w)
+
+    def stats(h: mx.array, s: slice) -> tuple[mx.array, mx.array]:
+        return logprobs_and_entropy(split.head(h), flat_t[s], temperature)
+
+    if len(slices) == 1:  # within one chunk: the logits kept for the backward pass
+        return logprobs_and_entropy(split.head(hidden), targets, temperature)
+
+    @mx.custom_function
+    def chained(h: mx.array) -> tuple[mx.array, mx.array]:
+        parts: list[tuple[mx.array, mx.array]] = []
+        for s in slices:
+            parts.append(stats(after(h[s], list(parts[-1]) if parts else []), s))
+        return (mx.concatenate([p[0] for p in parts]), mx.concatenate([p[1] for p in parts]))
+
+    @chained.vjp
+    def chained_vjp(h: mx.array, cotangents: tuple[mx.array, mx.array], outputs: Any
+                    ) -> mx.array:
+        g_logp, g_ent = cotangents
+        grads: list[mx.array] = []
+        for s in slices:
+            x = after(h[s], grads[-1:] or [g_logp, g_ent])
+            _, (dh,) = mx.vjp(lambda x, s=s: stats(x, s), [x], [g_logp[s], g_ent[s]])
+            grads.append(dh)
+        return mx.concatenate(grads)
+
+    logp, entropy = chained(hidden.reshape(n * w, d))
+    return logp.reshape(n, w), entropy.reshape(n, w)
 
 
-def head_grad(split: Split, hidden: mx.array, targets: mx.array, temperature: float,
-              d_logp: mx.array, d_entropy: mx.array) -> mx.array:
-    """d loss / d hidden [N, W, D] from the loss's gradient with respect to the log-probs and
-    entropies [N, W]: each chunk's logits recomputed and differentiated, one chunk at a time."""
-    n, w, d = hidden.shape
-    flat_h, flat_t = hidden.reshape(n * w, d), targets.reshape(n * w)
-    g_logp, g_ent = d_logp.reshape(n * w), d_entropy.reshape(n * w)
-    parts = []
-    for s in chunk_slices(split, n * w):
-        t = flat_t[s]
-        _, (dh,) = mx.vjp(lambda h, t=t: logprobs_and_entropy(split.head(h), t, temperature),
-                          [flat_h[s]], [g_logp[s], g_ent[s]])
-        mx.eval(dh)
-        parts.append(dh)
-    return mx.concatenate(parts).reshape(n, w, d)
-
-
-def needs_chunks(split: Split | None, mb: dict[str, mx.array]) -> bool:
-    """Whether a micro-batch's logits exceed LOGITS_CHUNK_MB (and the model can be split)."""
-    n, width = mb["tokens"].shape
-    return split is not None and n * (width - 1) > chunk_tokens(split.vocab)
-
-
-def critic_loss(model: nn.Module, hidden: mx.array, mb: dict[str, mx.array], rl: Any
-                ) -> tuple[mx.array, dict[str, mx.array]]:
-    """The weighted clipped value loss of `model.value_head` on `hidden`, and its aux sums."""
-    values = model.value_head(hidden)
-    vl = value_loss(values, mb["old_values"], mb["returns"], rl.value_clip, mx)
-    total = (vl * mb["weights"]).sum()
-    return total, {"value_loss": total, "value": (values * mb["mask"]).sum()}
+def after(x: mx.array, dependencies: list[mx.array]) -> mx.array:
+    """`x`, computed only once `dependencies` are (mx.depends; none: `x` as it is)."""
+    return mx.depends(x, dependencies) if dependencies else x
 
 
 def micro_batch_stats(model: nn.Module, split: Split | None, mb: dict[str, mx.array],
-                      temperature: float) -> tuple[mx.array, mx.array]:
-    """(log-probs, entropies) of a micro-batch's targets, without gradients: chunk by chunk
-    where the logits would exceed LOGITS_CHUNK_MB (`needs_chunks`), else in one pass."""
+                      temperature: float, limit_mb: float | None = None
+                      ) -> tuple[mx.array, mx.array]:
+    """(log-probs, entropies) of a micro-batch's targets: through the body and the chunked head
+    (`head_logprobs`) where the model splits, else from the full logits."""
     targets = mb["tokens"][:, 1:]
-    if not needs_chunks(split, mb):
+    if split is None:
         return logprobs_and_entropy(shared_prompt.batch_logits(model, mb), targets, temperature)
-    return head_stats(split, shared_prompt.batch_logits(split.body, mb), targets, temperature)
-
-
-def chunked_value_and_grad(model: nn.Module, split: Split, rl: Any, temperature: float
-                           ) -> Callable[..., Any]:
-    """`(mb, kl_penalty) -> ((loss, aux), grads)`, as `nn.value_and_grad(model, rl_loss)` gives
-    it, in bounded vocabulary memory. Three passes: the transformer's hidden states (kept; its
-    activations are not); the head chunk by chunk for the log-probs and entropies, then, from
-    the objective's gradient with respect to them (a small [N, W] computation), the hidden
-    states' gradient chunk by chunk; last, the adapters' gradient as that of
-    sum(hidden * d_hidden) through the transformer. The transformer runs forward twice (about
-    a third more compute than one backward pass); the head is frozen (its gradient is not
-    taken)."""
-
-    def surrogate(m: nn.Module, mb: dict[str, mx.array], d_hidden: mx.array) -> mx.array:
-        h = shared_prompt.batch_logits(split.body, mb)
-        out = (h * d_hidden).sum()
-        return out + rl.value_coef * critic_loss(m, h, mb, rl)[0] if "returns" in mb else out
-
-    grad_of = nn.value_and_grad(model, surrogate)
-    # the transformer's passes compiled (as the unchunked update is): eager MLX pays per op,
-    # which on a small model costs more than the arithmetic; the head's chunks stay eager
-    body = with_model_state(lambda mb: shared_prompt.batch_logits(split.body, mb), model)
-    body_grads = with_model_state(lambda mb, d_hidden: grad_of(model, mb, d_hidden)[1], model)
-
-    def fn(mb: dict[str, mx.array], kl_penalty: mx.array) -> Any:
-        targets = mb["tokens"][:, 1:]
-        hidden = mx.stop_gradient(body(mb))
-        mx.eval(hidden)
-        logp, entropy = head_stats(split, hidden, targets, temperature)
-
-        def loss_of(lp: mx.array, ent: mx.array) -> tuple[mx.array, dict[str, mx.array]]:
-            return objective(lp, ent, mb, rl, kl_penalty)
-
-        (loss, aux), (d_logp, d_ent) = mx.value_and_grad(loss_of, argnums=(0, 1))(logp, entropy)
-        d_hidden = head_grad(split, hidden, targets, temperature, d_logp, d_ent)
-        critic = "returns" in mb
-        grads = body_grads(mb, d_hidden)
-        if critic:
-            v_loss, v_aux = critic_loss(model, hidden, mb, rl)
-            loss = loss + rl.value_coef * v_loss
-            aux = {**aux, **v_aux, "loss": loss}
-        return (loss, aux), grads
-
-    return fn
-
-
-def with_model_state(fn: Callable[..., Any], model: nn.Module) -> Callable[..., Any]:
-    """`fn` under `mx.compile`, the model's arrays and MLX's random state implicit inputs and
-    outputs (retraced for each new input shape, as every compiled update here is)."""
-    state = [model.state, mx.random.state]
-    return mx.compile(fn, inputs=state, outputs=state)
+    return head_logprobs(split, shared_prompt.batch_logits(split.body, mb), targets, temperature,
+                         limit_mb)
 
 
 def exp(x: mx.array) -> mx.array:
@@ -218,21 +171,25 @@ def logprobs_and_entropy(logits: mx.array, targets: mx.array, temperature: float
 
 
 def rl_loss(model: nn.Module, mb: dict[str, mx.array], rl: Any, kl_penalty: mx.array,
-            temperature: float, split: Split | None = None
+            temperature: float, split: Split | None = None, limit_mb: float | None = None
             ) -> tuple[mx.array, dict[str, mx.array]]:
-    """(loss, aux) for one micro-batch, differentiable (the full logits: `update.grad_fn` takes
-    `chunked_value_and_grad` where they would not fit). `mb` holds tokens [N, T+1],
+    """(loss, aux) for one micro-batch, differentiable, in one pass of the transformer: the
+    head's log-probs a chunk of at most `limit_mb` MB of logits at a time where the model splits
+    (`head_logprobs`), else the full logits. `mb` holds tokens [N, T+1],
     mask/weights/old_logp/ref_logp [N, T], adv [N] or [N, T] (backends.batch.build), or with
     `prefix` the layout of backends.batch.build_shared; with a critic also returns and
     old_values [N, T], and the values come from `model.value_head` on the hidden states
     (`split` needed). aux holds masked sums (divide by aux['tokens'] for means)."""
     values = None
-    if "returns" in mb:
-        hidden = shared_prompt.batch_logits(split.body, mb)
-        logits, values = split.head(hidden), model.value_head(hidden)
+    targets = mb["tokens"][:, 1:]
+    if split is None:
+        logp, entropy = logprobs_and_entropy(shared_prompt.batch_logits(model, mb), targets,
+                                             temperature)
     else:
-        logits = shared_prompt.batch_logits(model, mb)
-    logp, entropy = logprobs_and_entropy(logits, mb["tokens"][:, 1:], temperature)
+        hidden = shared_prompt.batch_logits(split.body, mb)
+        logp, entropy = head_logprobs(split, hidden, targets, temperature, limit_mb)
+        if "returns" in mb:
+            values = model.value_head(hidden)
     if rl.entropy_coef == 0:
         entropy = mx.stop_gradient(entropy)
     return objective(logp, entropy, mb, rl, kl_penalty, values=values)

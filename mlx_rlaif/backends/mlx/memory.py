@@ -7,17 +7,26 @@ growing in steps of 256 positions, the sampler's vocabulary-sized buffers, the f
 copy), the reference pass (a forward without gradients) and the update (the activations the
 backward pass keeps for a micro-batch, all of them or, with per-block checkpointing, each
 block's input plus one block's worth; the attention's scores; the loss's hidden states and its
-chunks of logits: loss.py). Each is a pure function of the model's shapes (`Shape`) and the
+chunks of logits beside them, the update being one pass: loss.py). Each is a pure function of the model's shapes (`Shape`) and the
 step's (`Work`), in bytes; the constants that are not shapes (how many chunk-sized buffers the
 loss holds, how many score-sized ones the attention does) were measured on MLX's CPU backend
 (BENCHMARKS.md, "Scale": the model against measured peaks at the Qwen2.5-0.5B shape).
 
 `plan(...)` picks, where the config leaves them to it (0 / auto), the decode width, the
 micro-batch size and per-block checkpointing: the widest decoding and the largest micro-batch
-that fit the budget, a micro-batch's kept activations held under `ACTIVATION_TARGET`, and
+that fit the budget, a micro-batch's kept activations held under `activation_aim` (a share of
+the budget, at least 1 GB), and
 per-block checkpointing where one sequence's would be over it or no micro-batch fits without
 it: the update's memory stays about the same whatever the completions' length (BENCHMARKS.md,
 "Scale"). A run that cannot fit raises ConfigError naming the setting to change.
+
+Sizes that follow the budget: the head's logits chunk (`logits_chunk_mb`), the compile limit
+of the update (`compile_max_logits_mb`), the activation aim (`activation_aim`). During the
+update and the reference pass MLX's memory limit is what is held plus the phase's predicted
+bytes (`limited`, `phase_limit`), which bounds how far MLX's evaluation allocates ahead.
+16-bit weights and activations are modelled by their item size (`Shape.act_bytes`), mlx-lm's
+SwiGLU where the CPU kernels are off (`Shape.cpu_kernels`); the constants were measured on the
+CPU build in float32 (tools/profile_update.py checks them on any device).
 
 The budget (`device_budget`): `training.max_memory_gb`, else what the device can use: on Apple
 silicon MLX's recommended working set, elsewhere the available RAM, with `HEADROOM`. On Apple
@@ -33,26 +42,34 @@ tokenizer, the sandboxes: the headroom is for them).
 
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ... import cpu
 from ...errors import ConfigError
-from .loss import chunk_tokens
+from .loss import LOGITS_CHUNK_MB, chunk_tokens
 
 GiB = 2**30
 HEADROOM = 0.85  # the share of the device's memory the default budget takes
 CACHE_STEP = 256  # mlx-lm's KVCache grows by this many positions
-ACTIVATION_TARGET = GiB  # kept activations of one micro-batch, at most, where the plan picks
+ACTIVATION_TARGET = GiB  # kept activations of one micro-batch, at least this aim (small budgets)
+ACTIVATION_SHARE = 1 / 16  # ... and this share of the budget where that is more
+LOGITS_CHUNK_SHARE = 1 / 256  # one chunk's float32 logits: this share of the budget (or 64 MB)
+COMPILE_SHARE = 1 / 16  # a micro-batch's float32 logits up to this share: the update compiled
+COMPILE_MAX_LOGITS_MB = 64  # ... or up to this, whichever is more (the size without a budget)
 CACHE_CLEAR_SHARE = 0.1  # Metal: clear MLX's buffer cache past this share of the budget
-HEAD_CHUNKS_UPDATE = 9  # chunk-sized buffers the loss's head holds in the update (measured)
+HEAD_CHUNKS_UPDATE = 6  # chunk-sized buffers the head holds beside the activations (measured)
 HEAD_CHUNKS_REFERENCE = 5  # ... in the reference pass (measured)
 SCORE_COPIES = 3  # score-sized arrays the attention of one block holds at once (measured)
 STEP_BUFFERS = 4  # vocabulary-sized float32 arrays per row of a decoding step (logits, sampler)
 RECOMPUTED = 5  # block-sized activations a checkpointed backward holds at once (measured)
+UNFUSED_SWIGLU = 2  # [positions, intermediate] arrays SwiGLU keeps more without the CPU kernel
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,7 @@ class Shape:
     act_bytes: int
     lora_params: int  # adapter parameters (float32)
     fused_bytes: int = 0  # the copy decoding with fused adapters makes (0: decodes unfused)
+    cpu_kernels: bool = True  # cpu/kernels.py's fused SwiGLU (off: mlx-lm's, Metal and CUDA)
 
 
 @dataclass(frozen=True)
@@ -83,6 +101,7 @@ class Work:
     prompt_len: int
     new_tokens: int
     train_rows: int
+    chunk_mb: float = LOGITS_CHUNK_MB  # float32 logits of one head chunk (logits_chunk_mb)
 
     @property
     def rows(self) -> int:
@@ -92,6 +111,28 @@ class Work:
     def width(self) -> int:
         """Positions of a completion row in the update (its prompt's last token, padded to 8)."""
         return -(-(self.new_tokens + 1) // 8) * 8
+
+
+# --- sizes that scale with the budget --------------------------------------------------------------
+
+
+def logits_chunk_mb(budget: int) -> float:
+    """MB of float32 logits in one chunk of the loss's head (loss.head_logprobs): a share of the
+    budget, at least LOGITS_CHUNK_MB (the size on small budgets, and where none is known)."""
+    return max(float(LOGITS_CHUNK_MB), budget * LOGITS_CHUNK_SHARE / 2**20)
+
+
+def compile_max_logits_mb(budget: int) -> float:
+    """The largest micro-batch logits (MB, float32) whose update runs compiled: a share of the
+    budget, at least COMPILE_MAX_LOGITS_MB."""
+    return max(float(COMPILE_MAX_LOGITS_MB), budget * COMPILE_SHARE / 2**20)
+
+
+def activation_aim(budget: int) -> int:
+    """Kept activations of one micro-batch, at most, where the plan picks its size: a share of
+    the budget, at least ACTIVATION_TARGET (1 GB on a 16 GB Mac and on this CPU build; a 100 GB
+    GPU budget takes 16 sequences of 256 tokens of the 0.5B shape at once)."""
+    return max(ACTIVATION_TARGET, int(budget * ACTIVATION_SHARE))
 
 
 # --- the model -----------------------------------------------------------------------------------
@@ -115,9 +156,11 @@ def decode_bytes(s: Shape, w: Work, width: int) -> int:
 def block_bytes(s: Shape) -> int:
     """Activations one block keeps per position for its backward pass: its input, the two
     norms' outputs, q, k, v, the attention's output, the residual, gate, up and their product
-    (the attention's probabilities and SwiGLU's sigmoid are recomputed)."""
+    (the attention's probabilities and, with the CPU kernels, SwiGLU's sigmoid are recomputed;
+    mlx-lm's SwiGLU keeps its sigmoid and SiLU: UNFUSED_SWIGLU)."""
     kv = s.kv_heads * s.head_dim
-    return (7 * s.hidden + 2 * kv + 3 * s.intermediate) * s.act_bytes
+    swiglu = 3 + (0 if s.cpu_kernels else UNFUSED_SWIGLU)
+    return (7 * s.hidden + 2 * kv + swiglu * s.intermediate) * s.act_bytes
 
 
 def scores_bytes(s: Shape, rows: int, queries: int, keys: int) -> int:
@@ -125,28 +168,27 @@ def scores_bytes(s: Shape, rows: int, queries: int, keys: int) -> int:
     return SCORE_COPIES * 4 * rows * s.heads * queries * keys
 
 
-def head_bytes(s: Shape, positions: int, chunks: int) -> int:
+def head_bytes(s: Shape, w: Work, positions: int, chunks: int) -> int:
     """The loss's vocabulary-sized buffers: `chunks` arrays of one chunk's float32 logits (or
-    of the whole micro-batch's, where it is smaller than a chunk)."""
-    return chunks * 4 * s.vocab * min(positions, chunk_tokens(s.vocab))
+    of the whole micro-batch's, where it is smaller than a chunk), and in a 16-bit model the
+    head's own output beside each."""
+    per_position = (4 + (s.act_bytes if s.act_bytes < 4 else 0)) * s.vocab
+    return chunks * per_position * min(positions, chunk_tokens(s.vocab, w.chunk_mb))
 
 
 def update_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
-    """Peak of one micro-batch's forward and backward pass: the hidden states and their
-    gradient, the prompts' keys and values gathered to the rows, then the larger of the loss's
-    chunks (its head runs before the transformer's backward pass: loss.chunked_value_and_grad)
-    and the kept activations (every block's, or each block's input plus the recomputed block's
-    with checkpointing) with one block's attention scores. A micro-batch whose logits fit one
-    chunk holds both at once (one pass)."""
+    """Peak of one micro-batch's forward and backward pass, one pass of the transformer
+    (loss.rl_loss): the hidden states and their gradient, the prompts' keys and values gathered
+    to the rows, the kept activations (every block's, or each block's input plus the recomputed
+    block's with checkpointing) with one block's attention scores, and beside them the head's
+    chunks in flight (MLX's evaluation runs ahead of the computation: `limited`)."""
     positions = rows * w.width
     own = min(w.prompts, -(-rows // w.group)) * w.prompt_len + positions
     prefix = 2 * s.layers * s.kv_heads * s.head_dim * s.act_bytes * rows * w.prompt_len
-    hidden = 2 * positions * s.hidden * 4
+    hidden = 2 * positions * s.hidden * s.act_bytes
     body = (activation_bytes(s, w, rows, checkpoint)
             + scores_bytes(s, rows, w.width, w.width + w.prompt_len))
-    head = head_bytes(s, own, HEAD_CHUNKS_UPDATE)
-    chunked = positions > chunk_tokens(s.vocab)
-    return hidden + prefix + (max(head, body) if chunked else head + body)
+    return hidden + prefix + body + head_bytes(s, w, own, HEAD_CHUNKS_UPDATE)
 
 
 def activation_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
@@ -163,9 +205,9 @@ def reference_bytes(s: Shape, w: Work, rows: int) -> int:
     """Peak of the reference pass over a micro-batch: one block's activations and scores at a
     time, the hidden states, the loss's chunks."""
     positions = rows * w.width
-    return (positions * (block_bytes(s) + s.hidden * 4)
+    return (positions * (block_bytes(s) + s.hidden * s.act_bytes)
             + scores_bytes(s, rows, w.width, w.width + w.prompt_len)
-            + head_bytes(s, positions, HEAD_CHUNKS_REFERENCE))
+            + head_bytes(s, w, positions, HEAD_CHUNKS_REFERENCE))
 
 
 def fixed_bytes(s: Shape) -> int:
@@ -200,6 +242,7 @@ def plan(s: Shape, w: Work, budget: int, decode_width: int = 0, micro_batch: int
     a value the config sets (not 0 / auto) is kept and checked. ConfigError where nothing fits,
     naming the setting to change."""
     base = fixed_bytes(s)
+    w = replace(w, chunk_mb=logits_chunk_mb(budget))
     if base >= budget:
         raise ConfigError(f"the model's weights and adapters take {gb(base)} GB, over the "
                           f"memory budget of {gb(budget)} GB: quantize the base "
@@ -208,7 +251,7 @@ def plan(s: Shape, w: Work, budget: int, decode_width: int = 0, micro_batch: int
     options = {"auto": (False, True), "on": (True,), "off": (False,)}[checkpoint]
     for ck in options:
         bounded = checkpoint == "auto" and not ck  # a row over the aim: checkpointing instead
-        rows = pick_rows(s, w, budget - base, micro_batch, ck, bounded)
+        rows = pick_rows(s, w, budget - base, micro_batch, ck, bounded, activation_aim(budget))
         if rows:
             return Plan(budget, width, rows, ck, peak_bytes(s, w, width, rows, ck),
                         s.weight_bytes, decode_bytes(s, w, width), update_bytes(s, w, rows, ck))
@@ -239,17 +282,17 @@ def pick_width(s: Shape, w: Work, room: int, width: int) -> int:
 
 
 def pick_rows(s: Shape, w: Work, room: int, rows: int, checkpoint: bool,
-              bounded: bool = False) -> int:
+              bounded: bool = False, aim: int = ACTIVATION_TARGET) -> int:
     """The micro-batch size: `rows` if set and it fits (else 0), else the most rows up to the
-    update's that fit `room` with kept activations under ACTIVATION_TARGET: at least one, or,
-    `bounded`, none where one row's are over it."""
+    update's that fit `room` with kept activations under `aim` (activation_aim): at least one,
+    or, `bounded`, none where one row's are over it."""
     def fits(n: int) -> bool:
         return max(update_bytes(s, w, n, checkpoint), reference_bytes(s, w, n)) <= room
 
     if rows:
         return rows if fits(min(rows, w.train_rows)) else 0
     for n in range(w.train_rows, 0, -1):
-        under = activation_bytes(s, w, n, checkpoint) <= ACTIVATION_TARGET
+        under = activation_bytes(s, w, n, checkpoint) <= aim
         if fits(n) and (under or (n == 1 and not bounded)):
             return n
     return 0
@@ -277,7 +320,7 @@ def shape_of(model: nn.Module, fused_bytes: int = 0) -> Shape | None:
     weights = sum(v.nbytes for k, v in params if k.rsplit(".", 1)[-1] not in ("lora_a", "lora_b"))
     return Shape(a.num_hidden_layers, a.hidden_size, a.intermediate_size, heads,
                  getattr(a, "num_key_value_heads", None) or heads, head_dim, a.vocab_size,
-                 weights, activation_itemsize(params), lora, fused_bytes)
+                 weights, activation_itemsize(params), lora, fused_bytes, cpu.active())
 
 
 def activation_itemsize(params: list[tuple[str, mx.array]]) -> int:
@@ -288,6 +331,40 @@ def activation_itemsize(params: list[tuple[str, mx.array]]) -> int:
             if k.endswith(suffix) and "lora" not in k and mx.issubdtype(v.dtype, mx.floating):
                 return v.dtype.size
     return 4
+
+
+# --- the limit a phase runs under ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def limited(nbytes: int | None) -> Iterator[None]:
+    """Within the block MLX's memory limit is `nbytes` (None: as it is). MLX's evaluation runs
+    ahead of the computation by up to about a hundred operations, allocating their outputs;
+    past the limit it waits for running work first. In the update that bounds the head's
+    chunks in flight beside the activations (0.5B shape, 2 sequences of 256 tokens: MLX peak
+    4.30 GB unlimited, 3.35 GB under the plan's limit, at the same speed: BENCHMARKS.md)."""
+    if not nbytes:
+        yield
+        return
+    before = mx.set_memory_limit(nbytes)
+    try:
+        yield
+    finally:
+        mx.set_memory_limit(before)
+
+
+def phase_limit(s: Shape | None, w: Work, rows: int, checkpoint: bool, phase: str,
+                held: int, budget: int = 0, streams: int = 1) -> int | None:
+    """The MLX memory limit of a phase ("update" or "reference") over micro-batches of `rows`:
+    the memory `held` now (weights, adapters, the optimizer's state) plus the phase's predicted
+    bytes (`streams` micro-batches at once), never over a nonzero `budget`; None where the
+    model's shapes are unknown."""
+    if s is None:
+        return None
+    w = replace(w, chunk_mb=logits_chunk_mb(budget))
+    need = (update_bytes(s, w, rows, checkpoint) if phase == "update"
+            else streams * reference_bytes(s, w, rows))
+    return min(held + need, budget) if budget else held + need
 
 
 # --- the device -----------------------------------------------------------------------------------

@@ -8,17 +8,22 @@ reference log-probs come from the same weights with the LoRA layers bypassed.
 
 The forward + backward of a micro-batch and the optimizer step run under `mx.compile`, with the
 model's arrays and MLX's random state as the traced function's implicit inputs and outputs (how
-mlx-lm's trainer compiles its step): MLX fuses their element-wise chains (the tiny model's update
-10-15% faster). A trace is made per batch shape and kept in `traced` (a dict the caller holds
-for the run: `backends.ops.mlx_ops`); the KL penalty, which the adaptive controller changes, is
-an input, not a traced constant. Micro-batches whose logits exceed `COMPILE_MAX_LOGITS_MB` run
-eagerly: there the compiled graph kept two more vocabulary-sized arrays (Qwen2.5-0.5B shape,
-8 x 65 positions: peak 4.45 -> 5.1 GB) and was not faster. The reference pass is not compiled;
-on the CPU (the `cpu` gate) it spreads over two streams (`reference_logprobs`).
+mlx-lm's trainer compiles its step): MLX fuses their element-wise chains. A trace is made per
+batch shape and kept in `traced` (a dict the caller holds for the run: `backends.ops.mlx_ops`),
+with the number of traces per function (`traced["counts"]`; `compile/traces` in the metrics:
+those this update made); the KL penalty, which the adaptive controller changes, is an input,
+not a traced constant. Shapes are few: the micro-batches are of equal size (within a row),
+padded with zero-weight rows to a bucket, their lengths rounded to buckets (batch.py).
+Micro-batches whose logits exceed the budget's compile limit (`memory.compile_max_logits_mb`)
+run eagerly. The reference pass is not compiled; on the CPU (the `cpu` gate) it spreads over
+two streams (`reference_logprobs`).
 
-Gradient checkpointing per block (`training.grad_checkpoint: on`, checkpointing.py) wraps the
-update; the micro-batch's logits go through the head in chunks where they would not fit
-(`loss.chunked_value_and_grad`).
+The loss runs the transformer once per micro-batch (loss.rl_loss: the head's log-probs a chunk
+at a time inside the gradient, each chunk's logits recomputed in the backward pass). Both the
+update and the reference pass run under an MLX memory limit of what is held plus the phase's
+predicted bytes (`memory.limited`): MLX evaluates ahead of the computation and would otherwise
+allocate a micro-batch's chunks all at once. Gradient checkpointing per block
+(`training.grad_checkpoint: on`, checkpointing.py) wraps the update.
 
 Not covered: mixed precision beyond what the model's dtype gives.
 """
@@ -50,9 +55,9 @@ from ...cpu.blas import blas_threads, openblas_thread_fns
 from ...records import Rollout
 from .. import batch as batching
 from ..parallel import Shard
-from . import shared_prompt
+from . import memory, shared_prompt
 from .checkpointing import checkpointed_blocks
-from .loss import Split, chunked_value_and_grad, micro_batch_stats, needs_chunks, rl_loss
+from .loss import Split, micro_batch_stats, rl_loss
 from .policy import Policy, adapters_loaded, lora_disabled
 
 
@@ -74,15 +79,20 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
     w = aggregation_weights(lengths, loss_aggregation(cfg.rl), cfg.generation.max_new_tokens,
                             batch_sequences(cfg), *((shard.tokens, shard.sequences) if shard
                                                     else ()))
-    mbs = [build(rollouts, rows, adv, w, ref, shared, critic)
-           for rows, shared in micro_batches(policy.model, rollouts, cfg)]
+    batches = micro_batches(policy.model, rollouts, cfg)
+    rows_to = padded_rows(batches, cfg)
+    mbs = [build(rollouts, rows, adv, w, ref, shared, critic, rows_to) for rows, shared in batches]
     traced = {} if traced is None else traced
     model = policy.model
-    grad = kept(traced, "grad", model, lambda: grad_fn(model, cfg, policy.split))
+    grad = kept(traced, "grad", model, lambda: grad_fn(model, cfg, policy.split,
+                                                       traced.setdefault("counts", {})))
     penalty = mx.array(kl_penalty, dtype=mx.float32)
     tic, first, aux, skipped = time.perf_counter(), None, {}, 0
+    before = sum(traced.get("counts", {}).values())
+    ck = cfg.training.grad_checkpoint == "on"
+    limit = phase_limit(model, rollouts, cfg, rows_to, "update", traced)
     model.train(cfg.lora.dropout > 0)  # dropout (if any) only inside the update
-    with checkpointed_blocks(model, cfg.training.grad_checkpoint == "on"):
+    with checkpointed_blocks(model, ck), memory.limited(limit):
         for _ in range(cfg.rl.num_iterations):
             grads, aux = None, {}
             for mb in mbs:
@@ -99,7 +109,9 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
     model.train(False)
     seconds = time.perf_counter() - tic
     tokens = sum(lengths) * cfg.rl.num_iterations
-    return update_metrics(aux, first, norm, optimizer, tokens, seconds), skipped
+    traces = sum(traced.get("counts", {}).values()) - before
+    return {**update_metrics(aux, first, norm, optimizer, tokens, seconds),
+            "compile/traces": float(traces)}, skipped
 
 
 def reduce_over_ranks(model: nn.Module, grads: Any, aux: dict[str, mx.array], shard: Shard
@@ -112,41 +124,65 @@ def reduce_over_ranks(model: nn.Module, grads: Any, aux: dict[str, mx.array], sh
     return shard.reduce_grads(grads), {k: mx.array(v, dtype=mx.float32) for k, v in total.items()}
 
 
-COMPILE_MAX_LOGITS_MB = 64  # larger micro-batch logits (rows x positions x vocab) run eagerly
+def grad_fn(model: nn.Module, cfg: Config, split: Split | None = None,
+            counts: dict[str, int] | None = None) -> Callable[..., Any]:
+    """`(mb, kl_penalty) -> ((loss, aux), grads)` of `rl_loss` for the model's trainable arrays,
+    in one pass of the transformer, the head's logits in chunks sized to the budget
+    (`memory.logits_chunk_mb`); compiled where the micro-batch's logits are within the budget's
+    compile limit (`compiles`), its traces counted in `counts["grad"]`."""
+    budget = budget_of(cfg)
+    loss = partial(rl_loss, rl=cfg.rl, temperature=cfg.generation.temperature, split=split,
+                   limit_mb=memory.logits_chunk_mb(budget))
+    value_and_grad = nn.value_and_grad(model, loss)
+    return small_compiled(lambda mb, kl_penalty: value_and_grad(model, mb, kl_penalty=kl_penalty),
+                          model, budget, counted(counts, "grad"))
 
 
-def grad_fn(model: nn.Module, cfg: Config, split: Split | None = None) -> Callable[..., Any]:
-    """`(mb, kl_penalty) -> ((loss, aux), grads)` of `rl_loss` for the model's trainable arrays:
-    compiled where the micro-batch is small enough (`small_compiled`), in bounded vocabulary
-    memory (`loss.chunked_value_and_grad`) where its logits would not fit a chunk."""
-    T = cfg.generation.temperature
-    value_and_grad = nn.value_and_grad(model, partial(rl_loss, rl=cfg.rl, temperature=T,
-                                                      split=split))
-    whole = small_compiled(lambda mb, kl_penalty: value_and_grad(model, mb, kl_penalty=kl_penalty),
-                           model)
-    if split is None:
-        return whole
-    chunked = chunked_value_and_grad(model, split, cfg.rl, T)
-    return lambda mb, kl_penalty: (chunked if needs_chunks(split, mb) else whole)(mb, kl_penalty)
+def budget_of(cfg: Config) -> int:
+    """The run's memory budget in bytes (the plan writes it into training.max_memory_gb; 0 where
+    no plan was made: the defaults of memory.py's sizes)."""
+    return int(cfg.training.max_memory_gb * memory.GiB)
 
 
-def small_compiled(fn: Callable[..., Any], model: nn.Module) -> Callable[..., Any]:
-    """`fn(mb, ...)`, compiled when mb's logits take at most COMPILE_MAX_LOGITS_MB (and the
-    model's vocabulary size is known), else run as it is."""
-    traced = compiled(fn, model)
+def compiles(model: nn.Module, mb: dict[str, mx.array], budget: int = 0) -> bool:
+    """Whether the update of `mb` runs compiled: its logits (rows x positions x vocabulary,
+    float32) within `memory.compile_max_logits_mb(budget)`, the vocabulary known."""
     vocab = getattr(getattr(model, "args", None), "vocab_size", None)
-
-    def call(mb: dict[str, mx.array], *args: Any) -> Any:
-        n, width = mb["tokens"].shape
-        small = vocab is not None and n * (width - 1) * vocab * 4 <= COMPILE_MAX_LOGITS_MB * 2**20
-        return (traced if small else fn)(mb, *args)
-    return call
+    n, width = mb["tokens"].shape
+    return vocab is not None and \
+        n * (width - 1) * vocab * 4 <= memory.compile_max_logits_mb(budget) * 2**20
 
 
-def optimizer_step(model: nn.Module, optimizer: optim.Optimizer) -> Callable[[Any], None]:
+def small_compiled(fn: Callable[..., Any], model: nn.Module, budget: int = 0,
+                   count: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda f: f
+                   ) -> Callable[..., Any]:
+    """`fn(mb, ...)`, compiled (`count(fn)` traced) where `compiles(model, mb, budget)`, else run
+    as it is."""
+    traced = compiled(count(fn), model)
+    return lambda mb, *args: (traced if compiles(model, mb, budget) else fn)(mb, *args)
+
+
+def counted(counts: dict[str, int] | None, name: str
+            ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A wrapper adding 1 to `counts[name]` each time the function runs in Python: under
+    `mx.compile`, once per trace (None: no count)."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if counts is None:
+            return fn
+
+        def traced(*args: Any) -> Any:
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args)
+        return traced
+    return wrap
+
+
+def optimizer_step(model: nn.Module, optimizer: optim.Optimizer,
+                   counts: dict[str, int] | None = None) -> Callable[[Any], None]:
     """`grads -> None`: the optimizer's update of the model, compiled (its state an implicit
     input and output too)."""
-    return compiled(lambda grads: optimizer.update(model, grads), model, optimizer.state)
+    return compiled(counted(counts, "optimizer")(lambda grads: optimizer.update(model, grads)),
+                    model, optimizer.state)
 
 
 def compiled(fn: Callable[..., Any], model: nn.Module, *more: Any) -> Callable[..., Any]:
@@ -173,9 +209,9 @@ def apply_update(model: nn.Module, optimizer: optim.Optimizer, grads: Any, loss:
     norm_v, loss_v = norm.item(), loss.item()
     if not (math.isfinite(norm_v) and math.isfinite(loss_v)):
         return norm_v, False
-    step = kept({} if traced is None else traced, "optimizer",
-                optimizer.state,  # a restore replaces the state's dict
-                lambda: optimizer_step(model, optimizer))
+    traced = {} if traced is None else traced
+    step = kept(traced, "optimizer", optimizer.state,  # a restore replaces the state's dict
+                lambda: optimizer_step(model, optimizer, traced.setdefault("counts", {})))
     step(grads)
     mx.eval(model.trainable_parameters(), optimizer.state)
     return norm_v, True
@@ -196,7 +232,9 @@ def policy_logprobs(model: nn.Module, rollouts: list[Rollout], cfg: Config,
     """Log-probs of each completion under `model` as it is (the live policy: adapters on), at
     the sampling temperature."""
     T = cfg.generation.temperature
-    return token_pass(model, rollouts, cfg, lambda b: micro_batch_stats(model, split, b, T)[0])
+    limit = memory.logits_chunk_mb(budget_of(cfg))
+    return token_pass(model, rollouts, cfg,
+                      lambda b: micro_batch_stats(model, split, b, T, limit)[0])
 
 
 def values_of(model: nn.Module, rollouts: list[Rollout], cfg: Config, split: Split
@@ -222,10 +260,13 @@ def token_pass(model: nn.Module, rollouts: list[Rollout], cfg: Config,
     streams = reference_streams(cfg, len(rollouts))
     if len(streams) > 1 and len(batches) == 1:
         batches = halves(rollouts, batches[0])
+    rows_to = padded_rows(batches, cfg)
+    limit = phase_limit(model, rollouts, cfg, rows_to, "reference", streams=len(streams))
     waves = [batches[i: i + len(streams)] for i in range(0, len(batches), len(streams))]
-    with blas_threads(1) if len(streams) > 1 else nullcontext():
+    with blas_threads(1) if len(streams) > 1 else nullcontext(), memory.limited(limit):
         for wave in waves:  # one micro-batch per stream at a time
-            built = [build(rollouts, rows, zeros, zeros, None, shared) for rows, shared in wave]
+            built = [build(rollouts, rows, zeros, zeros, None, shared, None, rows_to)
+                     for rows, shared in wave]
             results = []
             for b, stream in zip(built, streams, strict=False):
                 with mx.stream(stream):
@@ -270,25 +311,53 @@ def halves(rollouts: list[Rollout], batch: tuple[list[int], bool]) -> list[tuple
 
 def micro_batches(model: nn.Module, rollouts: list[Rollout], cfg: Config
                   ) -> list[tuple[list[int], bool]]:
-    """(row indices, prompts shared?) of each micro-batch. Shared (training.share_prompt and a
-    model that supports it): rows ordered by prompt, so a group splits over as few micro-batches
-    as the size allows; else consecutive rows."""
+    """(row indices, prompts shared?) of each micro-batch: as few as the size allows, of equal
+    sizes (within one row). Shared (training.share_prompt and a model that supports it): rows
+    ordered by prompt, so a group splits over as few micro-batches as the size allows; else
+    consecutive rows."""
     size = micro_batch_size(cfg)
     share = cfg.training.share_prompt and shared_prompt.supported(model)
     order = [i for g in batching.prompt_groups(rollouts) for i in g] if share \
         else list(range(len(rollouts)))
-    return [(order[s], share) for s in batching.chunks(len(order), size)]
+    return [(order[s], share) for s in batching.even_chunks(len(order), size)]
+
+
+def phase_limit(model: nn.Module, rollouts: list[Rollout], cfg: Config, rows: int, phase: str,
+                traced: dict[str, Any] | None = None, streams: int = 1) -> int | None:
+    """MLX's memory limit for the update or the reference pass over these rollouts
+    (memory.phase_limit: what is held now plus the phase's predicted bytes, within the budget);
+    the model's shapes kept in `traced`."""
+    cache = {} if traced is None else traced
+    shape = kept(cache, "shape", model, lambda: memory.shape_of(model))
+    prompts = batching.prompt_groups(rollouts)
+    work = memory.Work(len(prompts), max(len(g) for g in prompts),
+                       max(len(r.prompt_tokens) for r in rollouts),
+                       max(len(r.tokens) for r in rollouts), rows)
+    return memory.phase_limit(shape, work, rows, cfg.training.grad_checkpoint == "on", phase,
+                              mx.get_active_memory(), budget_of(cfg), streams)
+
+
+def padded_rows(batches: list[tuple[list[int], bool]], cfg: Config) -> int:
+    """The rows every micro-batch is padded to: its largest, rounded up to a bucket
+    (`batch.bucket`), not over the planned micro-batch size (or the step's sequences)."""
+    largest = max((len(rows) for rows, _ in batches), default=1)
+    cap = max(micro_batch_size(cfg) or batch_sequences(cfg), largest)
+    return min(batching.bucket(largest), cap)
 
 
 def build(rollouts: list[Rollout], rows: list[int], adv: Any, w: list[float],
           ref: list[np.ndarray] | None, shared: bool,
-          fields: dict[str, list[np.ndarray]] | None = None) -> dict[str, mx.array]:
-    """The arrays of one micro-batch, in `build_shared`'s layout when its prompts are shared."""
+          fields: dict[str, list[np.ndarray]] | None = None, rows_to: int | None = None
+          ) -> dict[str, mx.array]:
+    """The arrays of one micro-batch, in `build_shared`'s layout when its prompts are shared,
+    its shapes rounded to buckets (`batch.bucket_length`) and its rows padded to `rows_to`
+    with zero-weight rows: few shapes, few traces of the compiled update."""
     args = ([rollouts[i] for i in rows], [adv[i] for i in rows], [w[i] for i in rows],
             [ref[i] for i in rows] if ref is not None else None)
     extra = {k: [v[i] for i in rows] for k, v in (fields or {}).items()}
     layout = batching.build_shared if shared else batching.build
-    return {k: mx.array(v) for k, v in layout(*args, fields=extra).items()}
+    arrays = layout(*args, fields=extra, bucketed=True, rows_to=rows_to)
+    return {k: mx.array(v) for k, v in arrays.items()}
 
 
 def update_metrics(aux: dict, first: dict, norm: float, optimizer: optim.Optimizer, tokens: int,
