@@ -239,10 +239,13 @@ def test_train_refuses_a_run_that_cannot_fit(tmp_path: Path) -> None:
 
 def test_budget_from_the_config_or_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     assert memory.device_budget(2.5) == (int(2.5 * GiB), "training.max_memory_gb")
-    monkeypatch.setattr(memory, "recommended_working_set", lambda: 16 * GiB)
+    from mlx_rlaif.backends.mlx import device
+
+    metal = device.Device("metal", "Apple M2", 16 * GiB)
+    monkeypatch.setattr(device, "current", lambda: metal)
     assert memory.device_budget(0) == (int(0.85 * 16 * GiB),
                                        "85% of MLX's recommended working set")
-    monkeypatch.setattr(memory, "recommended_working_set", lambda: None)
+    monkeypatch.setattr(device, "current", lambda: device.Device("cpu", "AMD EPYC"))
     monkeypatch.setattr(memory, "available_ram", lambda: 10 * GiB)
     assert memory.device_budget(0) == (int(0.85 * 10 * GiB), "85% of the available RAM")
 
