@@ -267,6 +267,7 @@ def check(cfg: Config) -> Config:
         raise ConfigError("rl.advantage = reinforce has no group baseline, so rl.scale = group "
                           "(a group's std) is undefined for it: set rl.scale to batch "
                           "(REINFORCE++) or none")
+    check_overlong(cfg)
     d = cfg.data
     if d.eval_every and not d.eval_file:
         raise ConfigError("data.eval_every needs held-out tasks: set data.eval_file")
@@ -274,3 +275,15 @@ def check(cfg: Config) -> Config:
         raise ConfigError("training.keep_best needs a periodic evaluation: set data.eval_file and "
                           "data.eval_every")
     return cfg
+
+
+def check_overlong(cfg: Config) -> None:
+    """rl.overlong_penalty needs a buffer inside the completion budget, and single answers."""
+    rl, n = cfg.rl, cfg.generation.max_new_tokens
+    if rl.overlong_penalty > 0 and not 0 < rl.overlong_buffer <= n:
+        raise ConfigError(f"rl.overlong_penalty needs rl.overlong_buffer between 1 and "
+                          f"generation.max_new_tokens ({n}), got {rl.overlong_buffer}: set the "
+                          "number of tokens before the limit over which the penalty grows")
+    if rl.overlong_penalty > 0 and cfg.generation.max_turns > 1:
+        raise ConfigError("rl.overlong_penalty shapes the reward of one answer by its length: "
+                          "set generation.max_turns to 1, or rl.overlong_penalty to 0")
