@@ -59,7 +59,8 @@ def agreement(logp: Any, sampler_logp: Any, mask: Any, cap: float, xp: Any
     sampler_k3, sampler_far (tokens whose |d| > ln cap), sampler_absdiff_max."""
     d = (detached(logp, xp) - sampler_logp) * mask
     far = (xp.abs(d) > math.log(cap)) * mask
-    return {"sampler_k3": ((xp.exp(d) - d - 1.0) * mask).sum(), "sampler_far": far.sum(),
+    k3 = xp.clip(xp.expm1(d) - d, 0.0, None)  # exp(d) - d - 1, exact for tiny gaps
+    return {"sampler_k3": (k3 * mask).sum(), "sampler_far": far.sum(),
             "sampler_absdiff_max": xp.abs(d).max()}
 
 
