@@ -230,6 +230,9 @@ def _biased(rollouts, bias):
 
 
 def _run(micro_model: Path, rollouts, sets: list[str], objective_fn=None, monkeypatch=None):
+    """One update of 3 iterations. lr 1e-3: Adam's first steps move every weight by about
+    3 lr whatever its gradient's size, so at a large lr the noise-level difference between an
+    'exact' sampler and the recomputation (1e-7, OpenBLAS) would decide the trajectory."""
     cfg = load_config(None, ["rl.kl_penalty=0", "rl.num_iterations=3", "rl.entropy_coef=0.01",
                              "training.learning_rate=0.001", *sets])
     policy = load_policy(str(micro_model), cfg.lora, seed=0)
