@@ -42,6 +42,21 @@ def test_swiglu_values_and_gradient() -> None:
         _close(f, r)
 
 
+def test_swiglu_keeps_bfloat16() -> None:
+    """In bfloat16 the output and gradients keep the inputs' dtype, as mlx-lm's swiglu's do (the
+    float32 sigmoid made them float32, and a bfloat16 model's update failed with '[astype] Type
+    of cotangents does not match primal output type')."""
+    g, x = (mx.linspace(-3.0, 3.0, 16).astype(mx.bfloat16) * s for s in (1.0, 0.5))
+    assert swiglu(g, x).dtype == mx.bfloat16
+    _close(swiglu(g, x).astype(mx.float32), activations.swiglu(g, x).astype(mx.float32), 2e-2)
+    grads = mx.grad(lambda a, b: (swiglu(a, b).astype(mx.float32) * 2).sum(), argnums=(0, 1))(g, x)
+    ref = mx.grad(lambda a, b: (activations.swiglu(a, b).astype(mx.float32) * 2).sum(),
+                  argnums=(0, 1))(g, x)
+    for f, r in zip(grads, ref, strict=True):
+        assert f.dtype == mx.bfloat16
+        _close(f.astype(mx.float32), r.astype(mx.float32), 2e-2)
+
+
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "per_head"])
 @pytest.mark.parametrize(("L", "S"), [(5, 5), (3, 7), (1, 9)])
 def test_attention_matches_mlx_fast(mask_kind: str, L: int, S: int) -> None:

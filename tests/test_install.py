@@ -6,11 +6,11 @@ doctor and the memory budget see it, with a CUDA device monkeypatched in."""
 from __future__ import annotations
 
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 from mlx_rlaif import install

@@ -2,7 +2,8 @@
 tasks it did not solve, in the same wall-clock budget as the controls?
 
     python tools/learning.py prepare                      # once: freeze, split, control data
-    python tools/learning.py run ARM --seed S [--minutes 5] [--on dev|eval]
+    python tools/learning.py run ARM --seed S [--minutes 5 | --steps N] [--dtype bfloat16]
+                                [--on dev|eval] [--set KEY=VALUE ...]
     python tools/learning.py report [--on eval]
 
 `prepare` records the sha256 of the model's files (the model is frozen: every run starts from
@@ -16,7 +17,8 @@ evaluates the frozen model.
 results name it.
 
 `run` trains one arm from the frozen model for `--minutes` of training (`training.max_minutes`;
-model loading and evaluation are not counted) and evaluates it on the medium and hard Python
+model loading and evaluation are not counted), or with `--steps N` for N steps whatever they take
+(`training.max_steps`: arms compared at the same number of updates), and evaluates it on the medium and hard Python
 tasks of the dev split or of `synthetic-eval` (`--on eval`): pass@1 at T = 0.7 and pass@8 from
 16 samples per task, and greedy pass@1, all with evaluation seed 0. Arms:
 
@@ -30,6 +32,12 @@ tasks of the dev split or of `synthetic-eval` (`--on eval`): pass@1 at T = 0.7 a
   the model);
 - `rft`: rejection-sampling fine-tuning (the other control): sample 8 answers per training task
   from the frozen model for half the budget, keep the passing ones, tune on them for the rest.
+
+`--dtype bfloat16` (or float16) runs an arm on the frozen model converted to that dtype
+(`mlx-rlaif convert --dtype`, once, into .bench/learning/model-DTYPE; the weights MLX computes
+in, as on Apple silicon): trained and evaluated in it, its gains measured against that model
+evaluated before training (frozen-DTYPE.json, evaluated once). Issue 37's protocol:
+`run new --steps N --dtype bfloat16 [--set rl.is_correction=tis]` for seeds 0-2.
 
 Results append to .bench/learning/results.jsonl; `report` prints the table (mean and range over
 seeds of the gain in points over the frozen model).
@@ -113,10 +121,10 @@ def split_train(records: list[dict]) -> tuple[list[dict], list[dict]]:
     return train, dev
 
 
-def evaluate(adapter: Path | None, on: str, tag: Path) -> dict[str, float]:
+def evaluate(adapter: Path | None, on: str, tag: Path, model: str = MODEL) -> dict[str, float]:
     """pass@1 (T = 0.7) and pass@8 from 16 samples per task, and greedy pass@1."""
     suite = str(WORK / "dev.jsonl") if on == "dev" else "synthetic-eval"
-    base = ["eval", "--model", MODEL, "--suite", suite, "--languages", "python",
+    base = ["eval", "--model", model, "--suite", suite, "--languages", "python",
             "--difficulties", LEVELS, "--seed", str(EVAL_SEED)]
     if adapter is not None:
         base += ["--adapter", str(adapter)]
@@ -155,14 +163,44 @@ def prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def train_rl(arm: str, seed: int, minutes: float, out: Path, extra: list[str]) -> None:
+def model_path(dtype: str) -> str:
+    """The frozen model in `dtype`: the shipped one (float32), else converted once."""
+    if dtype == "float32":
+        return MODEL
+    out = WORK / f"model-{dtype}"
+    if not (out / "config.json").is_file():
+        from mlx_rlaif.assets import resolve_model
+
+        cli("convert", "--hf-path", resolve_model(MODEL), "--mlx-path", str(out), "--dtype",
+            dtype, log=WORK / f"model-{dtype}.log")
+    return str(out)
+
+
+def before(on: str, dtype: str, frozen: dict) -> dict:
+    """The frozen model's scores on `on` in `dtype` (float32: prepare's; else evaluated once)."""
+    if dtype == "float32":
+        return frozen[f"before_{on}"]
+    path = WORK / f"frozen-{dtype}.json"
+    scores = json.loads(path.read_text()) if path.is_file() else {}
+    if on not in scores:
+        scores[on] = evaluate(None, on, WORK / f"before-{on}-{dtype}", model_path(dtype))
+        path.write_text(json.dumps(scores, indent=2))
+    return scores[on]
+
+
+def train_rl(arm: str, seed: int, budget: tuple[float, int], out: Path, extra: list[str],
+             dtype: str = "float32") -> None:
+    """One RL arm for `budget` = (minutes, steps): steps when above 0, else minutes."""
     recipe = QUICKSTART if arm == "current" else RECIPE
     sets = {"current": ["data.difficulties=[]", "generation.score_while_decoding=false"],
             "new": [], **ABLATIONS}[arm] + extra
+    minutes, steps = budget
     args = ["train", "--config", str(recipe), "--output-dir", str(out), "--no-dashboard",
+            "--set", f"model.path={model_path(dtype)}",
             "--set", f"data.train_file={WORK / 'train.jsonl'}", "--set", "data.eval_file=",
-            "--set", f"training.seed={seed}", "--set", f"training.max_minutes={minutes}",
-            "--set", "training.max_steps=0", "--set", "training.num_epochs=100",
+            "--set", f"training.seed={seed}",
+            "--set", f"training.max_minutes={0 if steps else minutes}",
+            "--set", f"training.max_steps={steps}", "--set", "training.num_epochs=100",
             "--set", "training.save_every_batches=0", "--set", "training.save_total_limit=1",
             "--set", "logging.tensorboard=false"]
     for s in sets:
@@ -210,11 +248,15 @@ def run(args: argparse.Namespace) -> int:
     frozen = json.loads((WORK / "frozen.json").read_text())
     if frozen["sha256"] != model_hash():
         raise SystemExit("the model changed since `prepare`: prepare again (a new frozen model)")
-    name = "+".join([args.arm, *args.set])
+    name = "+".join([args.arm, *args.set]) + ("" if args.dtype == "float32" else f"@{args.dtype}")
     out = WORK / "runs" / f"{name.replace('/', '_')}-s{args.seed}-{args.on}"
     out.parent.mkdir(parents=True, exist_ok=True)
     for p in out.parent.glob(f"{out.name}*"):
         subprocess.run(["rm", "-rf", str(p)], check=True)
+    if args.steps and args.arm in ("sft", "rft"):
+        raise SystemExit("--steps counts RL updates: give the sft and rft controls --minutes")
+    if args.dtype != "float32" and args.arm in ("sft", "rft"):
+        raise SystemExit("--dtype is for the RL arms: the controls run on the shipped model")
     tic = time.monotonic()
     if args.arm == "sft":
         train_sft(WORK / "sft.jsonl", args.seed, args.minutes, out)
@@ -224,19 +266,32 @@ def run(args: argparse.Namespace) -> int:
         data = rejection_samples(args.seed, half, out)
         train_sft(data, args.seed, max(args.minutes - (time.monotonic() - t0) / 60, 0.1), out)
     else:
-        train_rl(args.arm, args.seed, args.minutes, out, args.set)
+        train_rl(args.arm, args.seed, (args.minutes, args.steps), out, args.set, args.dtype)
     wall = time.monotonic() - tic
-    after = evaluate(out, args.on, out)
-    before = frozen[f"before_{args.on}"]
-    row = {"arm": name, "seed": args.seed, "on": args.on, "minutes": args.minutes,
-           "wall_s": round(wall, 1), "steps": _steps(out), **{f"after/{k}": v for k, v in
-                                                              after.items()},
-           **{f"gain/{k}": round(100 * (after[k] - before[k]), 1)
+    after = evaluate(out, args.on, out, model_path(args.dtype))
+    start = before(args.on, args.dtype, frozen)
+    row = {"arm": name, "seed": args.seed, "on": args.on, "dtype": args.dtype,
+           "minutes": None if args.steps else args.minutes, "max_steps": args.steps,
+           "wall_s": round(wall, 1), "steps": _steps(out), **_agreement(out),
+           **{f"after/{k}": v for k, v in after.items()},
+           **{f"gain/{k}": round(100 * (after[k] - start[k]), 1)
               for k in ("pass@1", "pass@8", "greedy")}}
     with (WORK / "results.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")
     print(json.dumps(row))
     return 0
+
+
+def _agreement(out: Path) -> dict[str, float]:
+    """The run's mean policy/sampler_kl and policy/sampler_far_frac over its steps."""
+    path = out / "batches.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    res = {}
+    for key in ("policy/sampler_kl", "policy/sampler_far_frac"):
+        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        if vals:
+            res[key] = sum(vals) / len(vals)
+    return res
 
 
 def _steps(out: Path) -> int:
@@ -277,6 +332,10 @@ def main() -> int:
     r.add_argument("arm", choices=["current", "new", "sft", "rft", *ABLATIONS])
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--minutes", type=float, default=5.0)
+    r.add_argument("--steps", type=int, default=0,
+                   help="train the RL arm for this many steps instead of --minutes")
+    r.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="the frozen model converted to this dtype (RL arms)")
     r.add_argument("--on", choices=["dev", "eval"], default="dev")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an RL arm's extra config override (tuning on dev); named in the results")

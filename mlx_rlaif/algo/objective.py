@@ -37,6 +37,10 @@ ratio, which keeps every token's gradient where PPO's clip zeroes it. The clip r
 by the ratio level (`clip_range`): 0.2 / 0.28 for token ratios (PPO, DAPO's clip-higher),
 3e-4 / 4e-4 for sequence ratios (the GSPO paper's).
 
+With `rl.is_correction` (tis, mis) the old policy is the trainer's recomputed log-probs and the
+policy term carries a truncated or masked importance weight against the sampler's
+(correction.py, which also measures the gap every step: aux sampler_*).
+
 Not covered: per-token clipping schedules, asymmetric sequence clipping beyond clip_low/high.
 """
 
@@ -46,6 +50,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from . import correction
 from .gae import value_loss
 
 # (clip_low, clip_high) where the config leaves them unset, by ratio level
@@ -131,12 +136,17 @@ def objective(logp: Any, entropy: Any, mb: dict[str, Any], rl: Any, kl_penalty: 
     """The loss and aux sums of one micro-batch from the policy's log-probs and entropies
     [N, T] of its targets, and with a critic its values [N, T] (`mb` then holds `returns` and
     `old_values`). `xp`: the array library (mlx.core; torch for the torch backend)."""
-    mask, w, old = mb["mask"], mb["weights"], mb["old_logp"]
+    mask, w, sampler = mb["mask"], mb["weights"], mb["old_logp"]
+    old = correction.old_logp(logp, mb, rl, xp)  # the sampler's, or recomputed (rl.is_correction)
     pg, ratio, clipped = policy_term(logp, old, mb["adv"], mask, rl, xp)
+    pg, is_aux = correction.correct(pg, old, mb, rl, xp)
     per_token = pg - rl.entropy_coef * entropy
     aux = {"tokens": mask.sum(), "pg": (pg * w).sum(), "entropy": (entropy * mask).sum(),
            "clipped": (clipped * mask).sum(), "ratio": (ratio * mask).sum(),
-           "approx_kl": (0.5 * (logp - old) ** 2 * mask).sum()}
+           "approx_kl": (0.5 * (logp - sampler) ** 2 * mask).sum(),
+           **correction.agreement(logp, sampler, mask, rl.is_cap, xp), **is_aux}
+    if rl.is_correction != "none" and correction.TRAINER_LOGP not in mb:
+        aux[correction.TRAINER_LOGP] = correction.detached(logp, xp)  # kept for iterations 2..
     if "ref_logp" in mb:
         kl = kl_estimate(logp, mb["ref_logp"], rl.kl_estimator, xp)
         per_token = per_token + kl_penalty * kl

@@ -268,6 +268,7 @@ def check(cfg: Config) -> Config:
                           "(a group's std) is undefined for it: set rl.scale to batch "
                           "(REINFORCE++) or none")
     check_objective(cfg.rl)
+    check_overlong(cfg)
     d = cfg.data
     if d.eval_every and not d.eval_file:
         raise ConfigError("data.eval_every needs held-out tasks: set data.eval_file")
@@ -290,3 +291,15 @@ def check_objective(rl: Any) -> None:
                           "gradient in expectation, so rl.kl_penalty would do nothing: use k2 "
                           "(the gradient of KL(policy || ref)) or k3, or set rl.kl_in_reward "
                           "to true (the reward takes k1)")
+
+
+def check_overlong(cfg: Config) -> None:
+    """rl.overlong_penalty needs a buffer inside the completion budget, and single answers."""
+    rl, n = cfg.rl, cfg.generation.max_new_tokens
+    if rl.overlong_penalty > 0 and not 0 < rl.overlong_buffer <= n:
+        raise ConfigError(f"rl.overlong_penalty needs rl.overlong_buffer between 1 and "
+                          f"generation.max_new_tokens ({n}), got {rl.overlong_buffer}: set the "
+                          "number of tokens before the limit over which the penalty grows")
+    if rl.overlong_penalty > 0 and cfg.generation.max_turns > 1:
+        raise ConfigError("rl.overlong_penalty shapes the reward of one answer by its length: "
+                          "set generation.max_turns to 1, or rl.overlong_penalty to 0")

@@ -199,7 +199,31 @@ class RLConfig:
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", _nonneg)
     num_iterations: int = opt(1, "Updates per rollout batch (PPO epochs); the sampler log-probs "
                               "are the old policy, so extra iterations cost no extra forward.", _pos)
-    mask_truncated: bool = opt(False, "Leave completions cut at max_new_tokens out of the loss.")
+    mask_truncated: bool = opt(False, "Leave completions cut at max_new_tokens out of the loss "
+                               "(after overlong_penalty shaped the rewards: they still count in "
+                               "their group's baseline).")
+    overlong_penalty: float = opt(
+        0.0, "DAPO's soft overlong penalty (0: off): a completion longer than max_new_tokens - "
+        "overlong_buffer tokens loses reward linearly in the excess, this much at "
+        "max_new_tokens. In reward units: rewards are 0..1 here, so DAPO's 1 on its -1..1 "
+        "scale is 0.5. Shapes the reward the advantages use; dynamic sampling's and "
+        "drop_zero_std's test for signal read the unshaped reward, and reward/mean reports it.",
+        _nonneg)
+    overlong_buffer: int = opt(0, "overlong_penalty: the last tokens before max_new_tokens over "
+                               "which the penalty grows (DAPO's L_cache), 1..max_new_tokens.",
+                               _nonneg)
+    is_correction: Literal["none", "tis", "mis"] = opt(
+        "none", "Correct the sampler/trainer mismatch (docs/mismatch.md): none uses the sampler's "
+        "log-probs as the old policy; tis takes the PPO ratio against the trainer's own "
+        "log-probs at the sampling weights (recomputed for free in the first iteration) times "
+        "the truncated importance weight min(pi_old / pi_sampler, is_cap); mis the same weight "
+        "with tokens (or sequences) whose weight leaves [1/is_cap, is_cap] masked out.")
+    is_cap: float = opt(2.0, "is_correction: C, the weight's cap (tis) or bounds [1/C, C] (mis); "
+                        "also the bound of policy/sampler_far_frac (|log-prob gap| > ln C).",
+                        lambda v: v > 1, "use a number above 1")
+    is_level: Literal["token", "sequence"] = opt(
+        "token", "is_correction: one weight per token, or per sequence (the geometric mean of "
+        "its token weights; pairs with ratio_level sequence).")
     turn_discount: float = opt(1.0, "max_turns > 1: the last answer's reward times "
                                "turn_discount ** (answers - 1).", _unit)
     early_pass_bonus: float = opt(0.0, "max_turns > 1: added to the reward of a conversation "

@@ -95,21 +95,23 @@ def exp2e(x: mx.array) -> mx.array:
 
 
 def _sigmoid(x: mx.array) -> mx.array:
-    """1 / (1 + e**-x). The exponent is capped so that very negative inputs give 0, not a nan
-    from inf / inf in a gradient (and floored, as in `exp2e`)."""
-    return 1.0 / (1.0 + pow2(mx.clip(x * -LOG2E, FLOOR, 126.0)))
+    """1 / (1 + e**-x) in float32 (pow2's rounding needs float32's mantissa). The exponent is
+    capped so that very negative inputs give 0, not a nan from inf / inf in a gradient (and
+    floored, as in `exp2e`)."""
+    return 1.0 / (1.0 + pow2(mx.clip(x.astype(mx.float32) * -LOG2E, FLOOR, 126.0)))
 
 
 @mx.compile  # one trace per shape: a decoding step's is the same at every step
 def _swiglu(gate: mx.array, x: mx.array) -> mx.array:
-    return gate * _sigmoid(gate) * x
+    return (gate * _sigmoid(gate) * x).astype(x.dtype)  # the sigmoid is float32: x's dtype back
 
 
 @mx.compile
 def _swiglu_vjp(gate: mx.array, x: mx.array, cotangent: mx.array) -> tuple[mx.array, mx.array]:
     s = _sigmoid(gate)
     silu = gate * s
-    return cotangent * x * (s + silu * (1.0 - s)), cotangent * silu
+    return ((cotangent * x * (s + silu * (1.0 - s))).astype(gate.dtype),
+            (cotangent * silu).astype(x.dtype))  # each gradient in its input's dtype
 
 
 @mx.custom_function

@@ -130,6 +130,13 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
             f"  grad norm {fmt(m.get('optim/grad_norm'), '.3g')}",
         ),
         (
+            "Sampler",
+            f"kl {fmt(m.get('policy/sampler_kl'), '.2g')}  max |dlogp| "
+            f"{fmt(m.get('policy/sampler_logp_absdiff_max'), '.3g')}  past cap "
+            f"{fmt(m.get('policy/sampler_far_frac'), '.2%')}  IS weight "
+            f"{fmt(m.get('policy/is_weight_mean'), '.3f')}",
+        ),
+        (
             "Groups",
             f"zero-std {fmt(m.get('reward/frac_zero_std'), '.0%')}  unscorable "
             f"{fmt(m.get('reward/frac_none'), '.0%')}  truncated "

@@ -5,7 +5,9 @@
 
 (one line), with `WARN` and the issues appended when something looks wrong: no gain over the
 baseline, KL blow-up, all-zero-variance batches (no learning signal), low diversity, generation
-bottleneck, many unscorable completions, skipped (non-finite) updates, and (reward type mix) a
+bottleneck, many unscorable completions, skipped (non-finite) updates, a sampler that disagrees
+with the trainer (policy/sampler_kl, uncorrected), an entropy collapse (policy/entropy below a
+fraction of its first steps' mean, with the usual remedies), and (reward type mix) a
 judge that pays for failing code: it scores a failing answer above a passing one of the same task
 too often (`teacher/fail_over_pass`), or its scores stop rising with the exec reward
 (`teacher/exec_corr`), over the mix's agreement window.
@@ -40,6 +42,13 @@ class Thresholds:
     """The judge's rank correlation with the exec reward at or below this."""
     min_judge_pairs: int = 8
     """Judge-vs-exec warnings need at least this many pass/fail pairs in the window."""
+    sampler_kl_max: float = 1e-3
+    """Mean KL between the sampler's and the trainer's log-probs above this, uncorrected
+    (rl.is_correction none), is a mismatch worth correcting (docs/mismatch.md)."""
+    entropy_floor: float = 0.2
+    """policy/entropy below this fraction of its first steps' mean is a collapse."""
+    entropy_first_steps: int = 3
+    """The steps whose mean policy/entropy is the collapse check's reference."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,10 @@ def summarize(window: Sequence[Mapping], ema: float | None) -> dict[str, float |
         "diversity": mean(_col(window, "gen/diversity")),
         "frac_none": mean(_col(window, "reward/frac_none")),
         "skipped": sum(_col(window, "optim/skipped")),
+        "entropy": mean(_col(window, "policy/entropy")),
+        "sampler_kl": mean(_col(window, "policy/sampler_kl")),
+        "sampler_far_frac": mean(_col(window, "policy/sampler_far_frac")),
+        "is_corrected": 1.0 if _col(window, "policy/is_weight_mean") else 0.0,
         **_judge(window),
         **{f"time_{k}": v for k, v in time_split(window).items()},
     }
@@ -110,12 +123,41 @@ def judge_issue(v: Mapping[str, float | None], th: Thresholds) -> str | None:
     return None
 
 
+def sampler_issue(v: Mapping[str, float | None], th: Thresholds) -> str | None:
+    """The sampler and the trainer disagree past th.sampler_kl_max, with no correction on."""
+    kl = v.get("sampler_kl")
+    if kl is None or kl <= th.sampler_kl_max or v.get("is_corrected"):
+        return None
+    return (f"sampler and trainer disagree (policy/sampler_kl {kl:.2g} > {th.sampler_kl_max:g}, "
+            f"{_fmt(v.get('sampler_far_frac'), '.2%')} of tokens past rl.is_cap): set "
+            "rl.is_correction tis, or decode unfused (generation.fuse_lora_max_mb 0)")
+
+
+def first_entropy(records: Sequence[Mapping], n: int) -> list[float]:
+    """policy/entropy of the first `n` records that report it, in step order."""
+    ordered = sorted(records, key=lambda r: r.get("step") or 0)
+    return _col(ordered, "policy/entropy")[:n]
+
+
+def entropy_issue(v: Mapping[str, float | None], start: float | None, th: Thresholds
+                  ) -> str | None:
+    """policy/entropy fell below th.entropy_floor of its first steps' mean (`start`)."""
+    now = v.get("entropy")
+    if now is None or start is None or start <= 0 or now >= th.entropy_floor * start:
+        return None
+    return (f"entropy collapse (policy/entropy {now:.3g} < {th.entropy_floor:.0%} of its first "
+            f"steps' {start:.3g}: the policy stopped exploring): raise rl.clip_high "
+            "(clip-higher) or rl.entropy_coef, sample at a higher generation.temperature, lower "
+            "training.learning_rate, or hold it nearer the base with rl.kl_penalty")
+
+
 def issues(
     window: Sequence[Mapping],
     v: Mapping[str, float | None],
     baseline: float | None,
     checks_done: int,
     th: Thresholds,
+    entropy_start: float | None = None,
 ) -> list[str]:
     out = []
     ema = v["reward_ema"]
@@ -142,6 +184,9 @@ def issues(
         out.append(f"{v['skipped']:.0f} updates skipped (non-finite loss or gradient)")
     if (judged := judge_issue(v, th)) is not None:
         out.append(judged)
+    for found in (sampler_issue(v, th), entropy_issue(v, entropy_start, th)):
+        if found is not None:
+            out.append(found)
     return out
 
 
@@ -166,6 +211,8 @@ def format_line(v: Mapping[str, float | None], where: str, problems: Sequence[st
     parts.append(
         f"gen(tok/s={_fmt(v['gen_tokens_per_sec'], '.1f')}, div={_fmt(v['diversity'], '.2f')})"
     )
+    if v.get("sampler_kl") is not None:
+        parts.append(f"sampler_kl={v['sampler_kl']:.2g}")
     if "judge_pairs" in v:
         parts.append(f"judge(corr={_fmt(v.get('judge_exec_corr'), '.2f')}, "
                      f"fail>pass={_fmt(v.get('judge_fail_over_pass'), '.2f')})")
@@ -181,10 +228,12 @@ def check(
     baseline: float | None,
     checks_done: int = 0,
     th: Thresholds = Thresholds(),
+    entropy_start: float | None = None,
 ) -> HealthReport:
-    """The health of the last N steps (`window`, each a step's metrics dict)."""
+    """The health of the last N steps (`window`, each a step's metrics dict); `entropy_start`:
+    the mean policy/entropy of the run's first th.entropy_first_steps steps (None: not yet)."""
     v = summarize(window, ema)
-    problems = issues(window, v, baseline, checks_done, th)
+    problems = issues(window, v, baseline, checks_done, th, entropy_start)
     where = _where(window[-1] if window else {}, step)
     return HealthReport(step, not problems, format_line(v, where, problems), tuple(problems), v)
 

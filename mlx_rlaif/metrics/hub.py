@@ -26,7 +26,7 @@ from . import health, system
 from .dashboard import Dashboard, PlainPrinter
 from .dataset import DatasetWriter
 from .jsonl import JsonlWriter, last_per_key, read_jsonl
-from .stats import RunStats, finite
+from .stats import RunStats, finite, mean
 from .tensorboard import TensorBoardSink
 
 
@@ -94,6 +94,7 @@ class MetricsHub:
         self.run_stats = RunStats()
         self._window: deque = deque(maxlen=cfg.health_check_interval_batches)
         self._checks = 0
+        self._entropy_first: list[float] = []  # the first steps' policy/entropy (health check)
         self._epoch_samples = 0
         self._summary: str | None = None
         self.view.start()  # last: nothing after it can fail and leave the terminal in live mode
@@ -141,6 +142,7 @@ class MetricsHub:
         self.run_stats = RunStats.replay(batches, epochs, before_step)
         earlier = [r for r in batches if isinstance(r.get("step"), int) and r["step"] < before_step]
         self._window.extend(earlier[-self._window.maxlen :])
+        self._entropy_first = health.first_entropy(earlier, health.Thresholds.entropy_first_steps)
         self.view.restore(earlier)
         if self._baseline is not None:
             self.run_stats.set_baseline(*self._baseline)
@@ -172,6 +174,8 @@ class MetricsHub:
             self.tb.step(step, record, s)
         self.view.step(step, record, s.best_reward, s.reward_ema, s.baseline)
         self._window.append(record)
+        self._entropy_first = (self._entropy_first + health.first_entropy([record], 1))[
+            : health.Thresholds.entropy_first_steps]
         if self.cfg.health_check_enabled and step % self.cfg.health_check_interval_batches == 0:
             self._health(step)
 
@@ -182,6 +186,8 @@ class MetricsHub:
             self.run_stats.reward_ema,
             self.run_stats.baseline,
             self._checks,
+            entropy_start=mean(self._entropy_first)
+            if len(self._entropy_first) == health.Thresholds.entropy_first_steps else None,
         )
         self._checks += 1
         self._files["health"].write({"timestamp": _now(), **report.record()})

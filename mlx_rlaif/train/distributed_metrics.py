@@ -8,7 +8,7 @@ How a metric combines (`combine`), from each rank's value and its number of roll
 - summed: counts and throughputs (`*/tokens`, `train/sequences`, the teacher's calls, tokens and
   cost, `exec/` counters, `*_per_sec`: the ranks run side by side);
 - max: times (`time/`, `gen/seconds`: the step waits for the slowest rank), `reward/max`,
-  `gen/decode_width`; min: `reward/min`;
+  `gen/decode_width`, every `*_max` (each rank's own maximum); min: `reward/min`;
 - `reward/mean` weighted by each rank's scored rollouts, `reward/std` pooled exactly from the
   ranks' means and stds; everything else the mean weighted by n (exact for fractions and
   means over rollouts; `gen/diversity` counts distinct completions per rank).
@@ -50,9 +50,11 @@ def combine(parts: Sequence[tuple[Mapping[str, float], int]]) -> dict[str, float
 
 def _combine_key(key: str, have: list[tuple[float, int, Mapping[str, float]]]) -> float:
     values = [v for v, _, _ in have]
+    finite = [v for v in values if math.isfinite(v)] or [float("nan")]
+    if key.endswith("_max"):  # a rank's own maximum (policy/sampler_logp_absdiff_max)
+        return float(max(finite))
     if key.startswith(SAME):
         return values[0]
-    finite = [v for v in values if math.isfinite(v)] or [float("nan")]
     if key in SUM or key.endswith("_per_sec") or key.startswith("exec/"):
         return float(sum(finite))
     if key in MAX or key.startswith("time/"):

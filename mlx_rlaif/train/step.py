@@ -4,7 +4,8 @@ screen (`rl_step`), and the step's metrics and sample records.
 The backend does the array work with explicit inputs (policy, optimizer, rollouts, advantages,
 reference log-probs, KL penalty); this module holds the order of the phases and the bookkeeping.
 Advantages come from group baselines (`group_targets`) or, with `rl.advantage: gae`, from a
-critic (`critic_targets`). With `kl_penalty = 0` no reference forward runs.
+critic (`critic_targets`), of the rewards less DAPO's soft overlong penalty where it is on
+(`shaped`; the test for signal reads the unshaped ones). With `kl_penalty = 0` no reference forward runs.
 
 With several ranks (`run.world`: distributed.py) a step runs on this rank's share of the
 prompts (with dynamic sampling, of the groups collected by every rank); the batch statistics,
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..algo import advantages
+from ..algo import advantages, overlong
 from ..algo.gae import masked_gae, token_rewards, whiten
 from ..config import Config, prompts_per_step
 from ..faults import fault
@@ -63,7 +64,8 @@ def rl_step(run: Run, draw: Callable[..., list[Task]],
                **step_metrics(rollouts, rewards, targets.summary, targets.keep),
                "kl/penalty": kl_penalty, "optim/skipped": float(run.state.skipped),
                "time/generate": t1 - t0, "time/score": t2 - t1, "time/train": t3 - t2,
-               "time/step": t3 - t0, **run.reward_fn.metrics(), **extra}
+               "time/step": t3 - t0, **run.reward_fn.metrics(), **extra,
+               **overlong_metrics(cfg, rollouts)}
     if cfg.generation.max_turns > 1:
         metrics.update(turn_metrics(rollouts, rewards))
     return metrics, sample_records(run.state.step, rollouts, rewards, targets.summary.values)
@@ -116,7 +118,7 @@ def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
     """Group-baseline advantages (grpo, rloo, reinforce); with the KL in the reward, the reward
     less kl_penalty times the summed k1, and no KL term in the loss."""
     cfg, ops = run.cfg, run.ops
-    values, ref, kl = scores, None, {}
+    values, ref, kl = shaped(cfg, rollouts, scores), None, {}
     if kl_penalty > 0 and cfg.rl.kl_in_reward:  # the KL goes into the reward, not the loss
         k1 = kl_k1(run, rollouts, ops.reference(run.policy, rollouts, cfg))
         values = [None if v is None else v - kl_penalty * float(k.sum())
@@ -142,6 +144,7 @@ def critic_targets(run: Run, rollouts: list[Rollout], scores: list[float | None]
     whitened over the batch's tokens and the returns the value loss regresses on. In a
     conversation, over the student's tokens only (algo/gae.py: feedback is no time step)."""
     cfg, ops, rl, reduce = run.cfg, run.ops, run.cfg.rl, run.world.reduce
+    scores = shaped(cfg, rollouts, scores)
     valid = np.array([s is not None for s in scores], dtype=bool)
     keep = [i for i in range(len(rollouts)) if valid[i]
             and not (rl.mask_truncated and rollouts[i].truncated)]
@@ -166,6 +169,26 @@ def critic_targets(run: Run, rollouts: list[Rollout], scores: list[float | None]
                    {"returns": [ret for _, ret in per_seq], "old_values": values}, kl,
                    advantages.Advantages(summary, mask, np.zeros(len(rollouts), dtype=bool),
                                          valid, None))
+
+
+def shaped(cfg: Config, rollouts: list[Rollout], scores: list[float | None]
+           ) -> list[float | None]:
+    """The scores less DAPO's soft overlong penalty (rl.overlong_penalty; algo/overlong.py)."""
+    if cfg.rl.overlong_penalty <= 0:
+        return scores
+    return overlong.shape(scores, [len(r.tokens) for r in rollouts],
+                          cfg.generation.max_new_tokens, cfg.rl.overlong_buffer,
+                          cfg.rl.overlong_penalty)
+
+
+def overlong_metrics(cfg: Config, rollouts: list[Rollout]) -> dict[str, float]:
+    """reward/overlong_penalty: the mean penalty over the step's completions (when it is on)."""
+    rl, n = cfg.rl, cfg.generation.max_new_tokens
+    if rl.overlong_penalty <= 0 or not rollouts:
+        return {}
+    return {"reward/overlong_penalty": float(np.mean([
+        overlong.penalty(len(r.tokens), n, rl.overlong_buffer, rl.overlong_penalty)
+        for r in rollouts]))}
 
 
 def kl_mean(k1: np.ndarray | None, reduce: advantages.Reduce | None, wanted: bool

@@ -47,6 +47,7 @@ import numpy as np
 from mlx.utils import tree_map, tree_unflatten
 
 from ... import cpu
+from ...algo import correction
 from ...algo.aggregation import aggregation_weights, loss_aggregation
 from ...artifacts import checkpoint
 from ...artifacts.lora import adapter_weights
@@ -97,9 +98,10 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
             grads, aux = None, {}
             for mb in mbs:
                 (_, a), g = grad(mb, penalty)
+                keep_recomputed(mb, a)
                 grads = g if grads is None else tree_map(mx.add, grads, g)
-                aux = a if not aux else {k: aux[k] + a[k] for k in aux}
-                mx.eval(grads, aux)
+                aux = a if not aux else correction.accumulate(aux, a, mx)
+                mx.eval(grads, aux, mb.get(correction.TRAINER_LOGP, []))  # nothing kept lazy
             if shard is not None:
                 grads, aux = reduce_over_ranks(model, grads, aux, shard)
             first = first or aux
@@ -114,13 +116,22 @@ def update(policy: Policy, optimizer: optim.Optimizer, rollouts: list[Rollout], 
             "compile/traces": float(traces)}, skipped
 
 
+def keep_recomputed(mb: dict[str, mx.array], aux: dict[str, mx.array]) -> None:
+    """rl.is_correction: the first iteration's log-probs (at the weights that sampled, detached)
+    move from the loss's aux into the micro-batch, the old policy of the later iterations."""
+    if correction.TRAINER_LOGP in aux:
+        mb[correction.TRAINER_LOGP] = aux.pop(correction.TRAINER_LOGP)
+
+
 def reduce_over_ranks(model: nn.Module, grads: Any, aux: dict[str, mx.array], shard: Shard
                       ) -> tuple[Any, dict[str, mx.array]]:
     """This rank's accumulated gradient and aux sums, summed over the ranks (a rank without
-    rollouts brings zeros, so its collective calls match the others')."""
+    rollouts brings zeros, so its collective calls match the others'); `*_max` entries stay
+    this rank's (train/distributed_metrics.py takes their maximum)."""
     if grads is None:
         grads = tree_map(mx.zeros_like, model.trainable_parameters())
-    total = shard.sum({k: v.item() for k, v in aux.items()})
+    total = shard.sum({k: v.item() for k, v in aux.items() if not k.endswith("_max")})
+    total.update({k: v.item() for k, v in aux.items() if k.endswith("_max")})
     return shard.reduce_grads(grads), {k: mx.array(v, dtype=mx.float32) for k, v in total.items()}
 
 
@@ -371,6 +382,7 @@ def update_metrics(aux: dict, first: dict, norm: float, optimizer: optim.Optimiz
         "optim/grad_norm": norm, "optim/lr": float(optimizer.learning_rate.item()),
         "train/tokens": float(tokens), "train/tokens_per_sec": tokens / max(seconds, 1e-9),
     }
+    m.update(correction.metrics({k: v.item() for k, v in first.items()}))
     if "kl" in aux:
         m["kl/mean"] = aux["kl"].item() / n
         m["loss/kl"] = aux["kl_loss"].item()

@@ -4,8 +4,10 @@ update's micro-batched steps (`backends/mlx/update.py`), in torch.
 - reference: the same weights with the adapters off (`disable_adapter()`), no second copy.
 - loss and update: `algo.objective` on the global weights of `algo.aggregation`, gradients
   summed over micro-batches, `num_iterations` PPO epochs, norm clipping, non-finite steps
-  skipped. The optimizer is `mlx.optimizers.AdamW`'s rule (no bias correction, mlx's default)
-  with the MLX backend's schedule: a learning rate tuned on a Mac means the same.
+  skipped; `rl.is_correction` as on MLX (algo/correction.py: the first iteration's
+  log-probs kept as the later iterations' old policy). The optimizer is
+  `mlx.optimizers.AdamW`'s rule (no bias correction, mlx's default) with the MLX backend's
+  schedule: a learning rate tuned on a Mac means the same.
 
 Not covered: the shared-prompt forward (`backends/mlx/shared_prompt.py`): every row runs its
 prompt in full.
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...algo import objective
+from ...algo import correction, objective
 from ...algo.aggregation import aggregation_weights, loss_aggregation
 from ...config import batch_sequences, micro_batch_size
 from ...records import Rollout
@@ -171,11 +173,12 @@ def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list
                     loss, a = rl_loss(model, mb, cfg.rl, kl_penalty, cfg.generation.temperature,
                                       policy.split)
                     loss.backward()
-                    aux = {k: aux[k] + a[k] for k in aux} if aux else a
+                    if correction.TRAINER_LOGP in a:  # iteration 1's, the later ones' old policy
+                        mb[correction.TRAINER_LOGP] = a.pop(correction.TRAINER_LOGP)
+                    aux = correction.accumulate(aux, a, torch) if aux else a
                 if shard is not None:  # summed over the ranks (zeros where a rank has no rollouts)
                     shard.reduce_grads([p for g in optimizer.param_groups for p in g["params"]])
-                    aux = {k: torch.tensor(v) for k, v in
-                           shard.sum({k: float(v) for k, v in aux.items()}).items()}
+                    aux = reduce_aux(aux, shard)
                 first = first or aux
                 norm, ok = apply_update(optimizer, aux["loss"], cfg.training.max_grad_norm)
                 skipped += not ok
@@ -185,6 +188,14 @@ def update(policy: TorchPolicy, optimizer: torch.optim.Optimizer, rollouts: list
     tokens = sum(lengths) * cfg.rl.num_iterations
     lr = float(optimizer.param_groups[0]["lr"])
     return update_metrics(aux, first, norm, lr, tokens, seconds), skipped
+
+
+def reduce_aux(aux: dict[str, torch.Tensor], shard: Shard) -> dict[str, torch.Tensor]:
+    """The aux sums summed over the ranks; `*_max` entries stay this rank's (the metrics take
+    their maximum over the ranks: train/distributed_metrics.py)."""
+    total = shard.sum({k: float(v) for k, v in aux.items() if not k.endswith("_max")})
+    total.update({k: float(v) for k, v in aux.items() if k.endswith("_max")})
+    return {k: torch.tensor(v) for k, v in total.items()}
 
 
 def apply_update(optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_norm: float
@@ -212,6 +223,7 @@ def update_metrics(aux: dict, first: dict, norm: float, lr: float, tokens: int,
         "optim/grad_norm": norm, "optim/lr": lr,
         "train/tokens": float(tokens), "train/tokens_per_sec": tokens / max(seconds, 1e-9),
     }
+    m.update(correction.metrics({k: float(x) for k, x in first.items()}))
     if "kl" in v:
         m["kl/mean"] = v["kl"] / n
         m["loss/kl"] = v["kl_loss"]
