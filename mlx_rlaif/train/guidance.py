@@ -14,9 +14,14 @@ at 1: a policy-gradient term on a sequence the sampler did not draw, as LUFFY's 
 term is, without its policy shaping. A reference answer longer than
 `generation.max_new_tokens` is not used (the sampler could never have written it).
 
-The reference answer is written as the model is asked to answer (`reference_answer`): the body
-under the prompt's signature where the prompt is the code to complete and the solution
-repeats that signature (HumanEval style), else the solution fenced in the task's language.
+The reference answer is written as the model is asked to answer (`reference_answer`). Where the
+prompt is code to complete, the student writes what follows it (the exec reward puts the prompt
+before a body), so the answer is the solution's continuation of the prompt: what follows the
+whole prompt where the solution contains it (a converted HumanEval record stores `solution =
+prompt + canonical_solution`), else what follows the prompt's last `def` line where the
+solution repeats that signature (the shipped suites: signature and body, no docstring); never
+the re-emitted signature and docstring. Otherwise (an instruction prompt) the solution fenced
+in the task's language.
 
 Scoring the reference answers costs one reward call per group: a sandbox run with the exec
 reward, a judge call with a teacher.
@@ -40,10 +45,42 @@ def reference_answer(task: Task) -> str | None:
     solution = task.meta.get("solution")
     if not isinstance(solution, str) or not solution.strip():
         return None
-    head, _, body = solution.partition("\n")
-    if head.strip() and task.prompt.startswith(head) and body.strip():
-        return body.rstrip()
+    rest = continuation(task.prompt, solution)
+    if rest is not None:
+        return rest
     return f"```{task.language}\n{solution.rstrip()}\n```"
+
+
+def continuation(prompt: str, solution: str) -> str | None:
+    """What `solution` writes after the code of `prompt`: after the whole prompt where the
+    solution holds it from a line start, else after the prompt's last `def` line (its stub's
+    signature) where the solution holds that line, provided what follows is an indented body;
+    None where neither (the prompt is not code the solution continues)."""
+    stub = prompt.strip("\n")
+    at = _line_start_find(solution, stub) if stub.strip() else -1
+    if at >= 0:
+        return _body(solution[at + len(stub):])
+    signature = next((line for line in reversed(prompt.splitlines())
+                      if line.lstrip().startswith(("def ", "async def "))), None)
+    if signature is None:
+        return None
+    lines = solution.splitlines()
+    found = [i for i, line in enumerate(lines) if line.rstrip() == signature.rstrip()]
+    return _body("\n".join(lines[found[-1] + 1:])) if found else None
+
+
+def _line_start_find(text: str, part: str) -> int:
+    """Where `part` first occurs in `text` at the start of a line, or -1."""
+    at = text.find(part)
+    while at > 0 and text[at - 1] != "\n":
+        at = text.find(part, at + 1)
+    return at
+
+
+def _body(rest: str) -> str | None:
+    """`rest` without the line break that ends the prompt, when it is an indented body."""
+    rest = rest.rstrip().lstrip("\n")
+    return rest if rest.strip() and rest[0] in " \t" else None
 
 
 def to_replace(group_values: list[list[float | None]], reference_values: list[float | None]
