@@ -248,6 +248,11 @@ def check(cfg: Config) -> Config:
     if cfg.generation.num_samples_per_prompt < 2 and cfg.rl.advantage != "gae":
         raise ConfigError("generation.num_samples_per_prompt = 1 leaves a group without a "
                           "baseline: set it to 2 or more, or use rl.advantage gae (a critic)")
+    if cfg.generation.num_samples_per_prompt < 2 and cfg.rl.dynamic_sampling:
+        # DAPO's filter keeps the groups whose rewards vary: a group of one never does
+        raise ConfigError("rl.dynamic_sampling keeps groups whose rewards vary, and a group of "
+                          "generation.num_samples_per_prompt = 1 never varies: set "
+                          "num_samples_per_prompt to 2 or more, or rl.dynamic_sampling to false")
     if cfg.model.backend == "torch" and (cfg.rl.advantage == "gae" or cfg.rl.reference != "base"):
         raise ConfigError("rl.advantage gae and rl.reference ema/periodic are MLX-only: the torch "
                           "backend takes grpo, rloo or reinforce against the frozen base")

@@ -188,14 +188,18 @@ class RLConfig:
                                  "vary: sample oversample times the shortfall of prompts, keep "
                                  "the groups with signal, sample again while too few (at most "
                                  "max_extra_rounds more rounds), carry the rest to the next step "
-                                 "(DAPO's dynamic sampling).")
+                                 "(DAPO's dynamic sampling). Needs num_samples_per_prompt >= 2 "
+                                 "(a group of one never varies).")
     oversample: float = opt(1.5, "dynamic_sampling: prompts drawn per group still needed.",
                             lambda v: v >= 1, "use 1 or more")
     max_extra_rounds: int = opt(2, "dynamic_sampling: sampling rounds after the first, at "
                                 "most, when too few groups have signal.", _nonneg)
     carry_max_age: int = opt(1, "dynamic_sampling: a carried group is used only while at most "
-                             "this many updates old (its recorded log-probs make the clipped "
-                             "ratio); older ones are dropped (0: never carry).", _nonneg)
+                             "this many optimizer updates old (its recorded log-probs make the "
+                             "clipped ratio); older ones are dropped (0: never carry). A step "
+                             "makes num_iterations updates, so a group carried one step is "
+                             "num_iterations updates old: below num_iterations every carried "
+                             "group is dropped.", _nonneg)
     guidance: bool = opt(False, "Off-policy guidance (LUFFY): a group whose every completion "
                          "scores below the task's reference solution (its record's solution "
                          "field, scored by the same reward) gets that solution in place of its "

@@ -5,8 +5,11 @@ needs (`rl.oversample` times the shortfall), keeps the groups with signal, sampl
 most `rl.max_extra_rounds` more rounds) while it has fewer than P, trains on P of them and
 carries the rest, finished and scored, to the next step. A carried group is marked with the
 policy version (step) it was sampled from and is used only while at most `rl.carry_max_age`
-updates old, so its recorded log-probs still make a valid clipped importance ratio; older ones
-are dropped and counted.
+optimizer updates old when its step begins (`age`: each step makes `rl.num_iterations`
+updates, so a group carried one step is that many updates old), so its recorded log-probs
+still make a valid clipped importance ratio; older ones are dropped and counted. The updates
+are what move the policy away from the sampler's log-probs: counting steps would let a group
+carried with num_iterations 4 be four times as stale as the setting says.
 
 Works with any reward (exec, teacher, mix): a group's signal is read from its scores.
 
@@ -46,7 +49,7 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
     `sample(tasks, first_round)`; the rest carried in `run.carry`. Returns (groups, generation
     stats, dynamic-sampling metrics)."""
     rl, version, world = run.cfg.rl, run.state.step, run.world
-    fresh = [g for g in run.carry if version - g.version <= rl.carry_max_age]
+    fresh = [g for g in run.carry if age(g, version, rl.num_iterations) <= rl.carry_max_age]
     pool, stale = [g for g in fresh if g.has_signal], len(run.carry) - len(fresh)
     gen: dict[str, float] = {}
     rounds = generated = zero = 0
@@ -67,6 +70,11 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
                "sample/carried_dropped": float(stale),
                "sample/generations_per_kept_group": generated / max(len(used), 1)}
     return world.share(used), gen, metrics
+
+
+def age(group: Group, step: int, num_iterations: int) -> int:
+    """The optimizer updates made since `group` was sampled, at the start of step `step`."""
+    return (step - group.version) * num_iterations
 
 
 def every_rank(world: World, groups: list[Group], tasks: list[Task]) -> list[Group]:
