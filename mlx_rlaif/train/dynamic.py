@@ -11,7 +11,9 @@ still make a valid clipped importance ratio; older ones are dropped and counted.
 are what move the policy away from the sampler's log-probs: counting steps would let a group
 carried with num_iterations 4 be four times as stale as the setting says.
 
-Works with any reward (exec, teacher, mix): a group's signal is read from its scores.
+Works with any reward (exec, teacher, mix): a group's signal is read from its scores. A group
+is one draw (draws.py): a task drawn in two rounds, or again while a group of it is carried, is
+two groups, each counted and kept on its own.
 
 With several ranks (data parallel) every rank draws the same tasks, samples its share of them,
 and the groups are exchanged (`every_rank`), so every rank holds the same pool and the same
@@ -29,17 +31,8 @@ from collections.abc import Callable
 from ..records import Reward, Rollout, Task
 from .carry import Group, carry_state, restore_carry
 from .distributed import World
+from .draws import groups_of
 from .run import Run
-
-
-def groups_of(rollouts: list[Rollout], rewards: list[Reward], version: int) -> list[Group]:
-    """Consecutive completions of the same task as groups (rollouts are prompt-major)."""
-    out: dict[str, tuple[list[Rollout], list[Reward]]] = {}
-    for r, rw in zip(rollouts, rewards, strict=True):
-        rs, ws = out.setdefault(r.task.id, ([], []))
-        rs.append(r)
-        ws.append(rw)
-    return [Group(rs, ws, version) for rs, ws in out.values()]
 
 
 def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
@@ -49,6 +42,7 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
     `sample(tasks, first_round)`; the rest carried in `run.carry`. Returns (groups, generation
     stats, dynamic-sampling metrics)."""
     rl, version, world = run.cfg.rl, run.state.step, run.world
+    size = run.cfg.generation.num_samples_per_prompt
     fresh = [g for g in run.carry if age(g, version, rl.num_iterations) <= rl.carry_max_age]
     pool, stale = [g for g in fresh if g.has_signal], len(run.carry) - len(fresh)
     gen: dict[str, float] = {}
@@ -59,7 +53,7 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
             break
         rollouts, rewards, stats = sample(world.share(tasks), rounds == 0)
         gen = (stats if not gen else _add(gen, stats)) if stats else gen
-        fresh_groups = every_rank(world, groups_of(rollouts, rewards, version), tasks)
+        fresh_groups = every_rank(world, groups_of(rollouts, rewards, version, size), tasks)
         pool += [g for g in fresh_groups if g.has_signal]
         zero += sum(not g.has_signal for g in fresh_groups)
         rounds, generated = rounds + 1, generated + sum(len(g.rollouts) for g in fresh_groups)

@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ..records import Reward, Rollout, Task, group_indices
+from ..records import Reward, Rollout, Task
+from .draws import draw_indices
 
 
 def reference_answer(task: Task) -> str | None:
@@ -101,13 +102,25 @@ def reference_rollout(task: Task, prompt_tokens: list[int], answer: str, tokeniz
                    temperature=temperature)
 
 
+def reference_scores(reward_fn: Any, tasks: list[Task], answers: list[str]) -> list[Reward]:
+    """The reward of each reference answer, scored once per task (a task drawn twice in the
+    batch has the same answer in both groups)."""
+    first: dict[str, int] = {}
+    unique = [i for i, t in enumerate(tasks) if first.setdefault(t.id, i) == i]
+    scored = reward_fn.score([tasks[i] for i in unique], [answers[i] for i in unique])
+    by_task = {tasks[i].id: w for i, w in zip(unique, scored, strict=True)}
+    return [by_task[t.id] for t in tasks]
+
+
 def guide(run: Any, rollouts: list[Rollout], rewards: list[Reward]
           ) -> tuple[list[Rollout], list[Reward], int]:
-    """`rollouts` and `rewards` with the reference answer in place of the last completion of
-    each group that scored below it (train.run.Run `run`: its reward, policy, prompt format
-    and backend); returns them and the number of groups guided."""
+    """`rollouts` and `rewards` (prompt-major: each draw's completions together) with the
+    reference answer in place of the last completion of each group that scored below it, a
+    group being one draw (draws.py: a task drawn twice is two groups) (train.run.Run `run`: its
+    reward, policy, prompt format and backend); returns them and the number of groups
+    guided."""
     cfg = run.cfg
-    groups = list(group_indices([r.task.id for r in rollouts]).values())
+    groups = draw_indices([r.task.id for r in rollouts], cfg.generation.num_samples_per_prompt)
     tasks = [rollouts[idx[0]].task for idx in groups]
     answers = [reference_answer(t) for t in tasks]
     tokenizer = run.policy.tokenizer
@@ -118,7 +131,8 @@ def guide(run: Any, rollouts: list[Rollout], rewards: list[Reward]
               if b is not None and len(b.tokens) <= cfg.generation.max_new_tokens]
     if not usable:
         return rollouts, rewards, 0
-    scored = run.reward_fn.score([tasks[i] for i in usable], [answers[i] for i in usable])
+    scored = reference_scores(run.reward_fn, [tasks[i] for i in usable],
+                              [answers[i] for i in usable])
     chosen = [i for i, yes in zip(usable, to_replace(
         [[rewards[j].value for j in groups[i]] for i in usable], [w.value for w in scored]),
         strict=True) if yes]

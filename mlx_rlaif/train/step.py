@@ -27,6 +27,8 @@ from ..algo.gae import gae, token_rewards, whiten
 from ..config import Config, prompts_per_step
 from ..faults import fault
 from ..records import Reward, Rollout, Task
+from .carry import Group
+from .draws import apart, flatten, groups_of
 from .dynamic import collect
 from .guidance import guide
 from .multiturn import hidden_tasks, shape, turn_metrics
@@ -41,13 +43,14 @@ def rl_step(run: Run, draw: Callable[..., list[Task]],
     cfg, ops, kl_penalty = run.cfg, run.ops, run.state.kl_penalty
     t0 = time.perf_counter()
     fault("generate")
-    rollouts, rewards, gen, extra = gather(run, draw, observe)
+    groups, gen, extra = gather(run, draw, observe)
+    rollouts, rewards, keys = flatten(groups)  # keys: one group per draw (draws.py)
     t2 = time.perf_counter()
     t1 = t0 + gen.get("gen/seconds", 0.0)
     fault("update")
     scores = [rw.value for rw in rewards]
-    targets = (critic_targets if cfg.rl.advantage == "gae" else group_targets)(
-        run, rollouts, scores, kl_penalty)
+    targets = (critic_targets(run, rollouts, scores, kl_penalty) if cfg.rl.advantage == "gae"
+               else group_targets(run, rollouts, scores, kl_penalty, keys))
     kept = [rollouts[i] for i in targets.keep]
     shard = run.world.shard([r.trained_tokens for r in kept])  # None on one machine
     upd, skipped = ops.update(run.policy, run.optimizer, kept, targets.adv, targets.ref, cfg,
@@ -74,10 +77,10 @@ def score(run: Run, rollouts: list[Rollout]) -> list[Reward]:
     hidden tests, shaped by the number of turns taken (multiturn.shape)."""
     fault("score")
     gen, rl = run.cfg.generation, run.cfg.rl
-    texts = [r.text for r in rollouts]
+    texts, G = [r.text for r in rollouts], gen.num_samples_per_prompt
     if gen.max_turns == 1:
-        return run.reward_fn.score([r.task for r in rollouts], texts)
-    raw = run.reward_fn.score(hidden_tasks(rollouts, gen.visible_tests), texts)
+        return apart([r.task for r in rollouts], texts, G, run.reward_fn.score)
+    raw = apart(hidden_tasks(rollouts, gen.visible_tests), texts, G, run.reward_fn.score)
     return shape(raw, rollouts, gen.max_turns, rl.turn_discount, rl.early_pass_bonus)
 
 
@@ -104,9 +107,10 @@ def kl_k1(run: Run, rollouts: list[Rollout], ref: list[np.ndarray]) -> list[np.n
 
 
 def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
-                  kl_penalty: float) -> Targets:
-    """Group-baseline advantages (grpo, rloo, reinforce); with the KL in the reward, the reward
-    less kl_penalty times the summed k1, and no KL term in the loss."""
+                  kl_penalty: float, keys: list[str]) -> Targets:
+    """Group-baseline advantages (grpo, rloo, reinforce) over the groups `keys` names (one per
+    draw); with the KL in the reward, the reward less kl_penalty times the summed k1, and no KL
+    term in the loss."""
     cfg, ops = run.cfg, run.ops
     values, ref, kl = scores, None, {}
     if kl_penalty > 0 and cfg.rl.kl_in_reward:  # the KL goes into the reward, not the loss
@@ -115,7 +119,7 @@ def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
                   for v, k in zip(scores, k1, strict=True)]
         flat = np.concatenate(k1) if k1 else np.zeros(0)
         kl = {"kl/mean": advantages.batch_moments(flat, run.world.reduce, std=False)[1]}
-    adv = advantages.compute(values, [r.task.id for r in rollouts], cfg.rl.advantage,
+    adv = advantages.compute(values, keys, cfg.rl.advantage,
                              cfg.rl.scale, cfg.rl.whiten, cfg.rl.drop_zero_std,
                              run.state.reinforce_baseline, cfg.rl.reinforce_decay,
                              task_rewards=scores, reduce=run.world.reduce)
@@ -170,11 +174,11 @@ def kl_mean(k1: list[np.ndarray] | None, reduce: advantages.Reduce | None, wante
 
 def gather(run: Run, draw: Callable[..., list[Task]],
            observe: Callable[[list[Rollout], list[Reward]], None]
-           ) -> tuple[list[Rollout], list[Reward], dict[str, float], dict[str, float]]:
-    """The step's scored rollouts: of the next batch of prompts, or with dynamic sampling the
-    groups with signal it collects (dynamic.py). `observe` sees the sampled completions before
-    any reference answer takes a place (rl.guidance: guidance.py). Returns (rollouts, rewards,
-    generation stats, dynamic-sampling and guidance metrics)."""
+           ) -> tuple[list[Group], dict[str, float], dict[str, float]]:
+    """The step's scored groups, one per prompt drawn (draws.py): of the next batch of prompts,
+    or with dynamic sampling the groups with signal it collects (dynamic.py). `observe` sees
+    the sampled completions before any reference answer takes a place (rl.guidance:
+    guidance.py). Returns (groups, generation stats, dynamic-sampling and guidance metrics)."""
     need = prompts_per_step(run.cfg)
     guided: list[int] = []
 
@@ -190,10 +194,11 @@ def gather(run: Run, draw: Callable[..., list[Task]],
 
     if not run.cfg.rl.dynamic_sampling:
         rollouts, rewards, gen = sample(run.world.share(draw(need)), True)
-        return rollouts, rewards, gen, guidance_metrics(run, guided)
+        groups = groups_of(rollouts, rewards, run.state.step,
+                           run.cfg.generation.num_samples_per_prompt)
+        return groups, gen, guidance_metrics(run, guided)
     groups, gen, extra = collect(run, need, lambda n: draw(n, True), sample)
-    return ([r for g in groups for r in g.rollouts], [w for g in groups for w in g.rewards],
-            gen, {**extra, **guidance_metrics(run, guided)})
+    return groups, gen, {**extra, **guidance_metrics(run, guided)}
 
 
 def guidance_metrics(run: Run, guided: list[int]) -> dict[str, float]:
