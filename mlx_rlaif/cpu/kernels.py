@@ -95,9 +95,12 @@ def exp2e(x: mx.array) -> mx.array:
 
 
 def _sigmoid(x: mx.array) -> mx.array:
-    """1 / (1 + e**-x). The exponent is capped so that very negative inputs give 0, not a nan
-    from inf / inf in a gradient (and floored, as in `exp2e`)."""
-    return 1.0 / (1.0 + pow2(mx.clip(x * -LOG2E, FLOOR, 126.0)))
+    """1 / (1 + e**-x), in x's dtype. The exponent is capped so that very negative inputs give
+    0, not a nan from inf / inf in a gradient (and floored, as in `exp2e`); it is computed in
+    float32 (`pow2` rounds with float32's mantissa: in bfloat16 it gave numbers off by
+    hundreds, and a float32 result made the MLP's output and gradients float32)."""
+    y = mx.clip(x.astype(mx.float32) * -LOG2E, FLOOR, 126.0)
+    return (1.0 / (1.0 + pow2(y))).astype(x.dtype)
 
 
 @mx.compile  # one trace per shape: a decoding step's is the same at every step
