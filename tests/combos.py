@@ -19,6 +19,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from mlx_rlaif.config import check, load
 from mlx_rlaif.errors import ConfigError
@@ -30,8 +31,8 @@ FACTORS: dict[str, dict[str, tuple[str, ...]]] = {
     "rl.loss_agg": {"default": (), **{k: (f"rl.loss_agg={k}",)
                                       for k in ("token", "sequence", "constant")}},
     "rl.loss": {k: (f"rl.loss={k}",) for k in ("ppo", "cispo")},
-    "KL": {"loss": ("rl.kl_penalty=0.05", "rl.kl_in_reward=false"),
-           "reward": ("rl.kl_penalty=0.05", "rl.kl_in_reward=true"),
+    "KL": {"loss": ("rl.kl_penalty=0.5", "rl.kl_in_reward=false"),
+           "reward": ("rl.kl_penalty=0.5", "rl.kl_in_reward=true"),
            "off": ("rl.kl_penalty=0",)},
     "rl.kl_estimator": {k: (f"rl.kl_estimator={k}",) for k in ("k2", "k3", "k1")},
     "rl.reference": {"base": ("rl.reference=base",), "ema": ("rl.reference=ema",),
@@ -67,7 +68,8 @@ BASE = ("data.train_file=suite:synthetic-train", "data.languages=[python]",
         "logging.tensorboard=false", "logging.baseline_eval_batches=0",
         "logging.collect_dataset=false", "training.save_every_epochs=0",
         "rl.drop_zero_std=false", "rl.entropy_coef=0.01", "rl.kl_horizon=10",
-        "rl.max_extra_rounds=4", "rl.oversample=2", "generation.feedback_chars=80")
+        "rl.max_extra_rounds=4", "rl.oversample=2", "generation.feedback_chars=80",
+        "training.learning_rate=0.01")
 
 Pair = tuple[tuple[str, str], tuple[str, str]]  # ((factor, level), (factor, level)), sorted
 
@@ -173,21 +175,21 @@ def label(p: Pair) -> tuple[str, str]:
 # --- the invariants of a row's two steps -------------------------------------------------------
 
 
-def effective_agg(row: dict[str, str]) -> str:
-    """The loss aggregation the row trains with (the default's: `auto` where it exists)."""
-    agg = row["rl.loss_agg"]
-    if agg != "default":
-        return agg
-    default = load(None, []).rl.loss_agg
-    if default == "auto":
-        return "sequence" if row["rl.ratio_level"] == "sequence" else "token"
-    return default
+def effective_agg(cfg: Any) -> str:
+    """The loss aggregation a config trains with (`auto`, where it exists: sequence with
+    sequence-level ratios, else token)."""
+    agg = cfg.rl.loss_agg
+    if agg == "auto":
+        return "sequence" if cfg.rl.ratio_level == "sequence" else "token"
+    return agg
 
 
-def violations(row: dict[str, str], steps: Sequence[dict[str, float]], vocab: int,
-               value_coef: float, entropy_coef: float, P: int) -> list[str]:
-    """What in the row's step metrics breaks an invariant (empty: none)."""
+def violations(row: dict[str, str], cfg: Any, steps: Sequence[dict[str, float]], vocab: int
+               ) -> list[str]:
+    """What in the metrics of the steps of `row` (trained with `cfg`) breaks an invariant
+    (empty: none)."""
     out: list[str] = []
+    value_coef, entropy_coef, P = cfg.rl.value_coef, cfg.rl.entropy_coef, cfg.training.batch_size
     G = int(row["generation.num_samples_per_prompt"])
     for n, m in enumerate(steps, 1):
         def bad(what: str, n: int = n) -> None:
@@ -197,7 +199,9 @@ def violations(row: dict[str, str], steps: Sequence[dict[str, float]], vocab: in
             if isinstance(v, float) and not math.isfinite(v):
                 bad(f"{k} = {v}")
         if not m.get("train/sequences", 0) > 0:
-            bad(f"train/sequences = {m.get('train/sequences')}")
+            every_one_cut = row["rl.mask_truncated"] == "true" and m["gen/truncated_frac"] == 1
+            if not every_one_cut:  # else mask_truncated rightly left every completion out
+                bad(f"train/sequences = {m.get('train/sequences')}")
             continue
         if not 0.0 <= m["reward/min"] <= m["reward/mean"] <= m["reward/max"] <= 1.0:
             bad(f"rewards out of [0, 1]: {m['reward/min']}, {m['reward/mean']}, "
@@ -207,8 +211,8 @@ def violations(row: dict[str, str], steps: Sequence[dict[str, float]], vocab: in
         if not 0.0 <= m["policy/clipfrac"] <= 1.0:
             bad(f"policy/clipfrac = {m['policy/clipfrac']}")
         parts = m["loss/policy"] + m.get("loss/kl", 0.0) + value_coef * m.get("loss/value", 0.0)
-        gap, tol = parts - m["loss/total"], 1e-4 * (1 + abs(parts)) + 1e-6
-        if effective_agg(row) == "token":  # weights 1/tokens: the entropy term is its mean
+        gap, tol = parts - m["loss/total"], 2e-5 * (1 + abs(parts)) + 1e-7
+        if effective_agg(cfg) == "token":  # weights 1/tokens: the entropy term is its mean
             if abs(gap - entropy_coef * m["policy/entropy"]) > tol:
                 bad(f"loss/total {m['loss/total']} != loss/policy + loss/kl + value term - "
                     f"entropy term ({parts} - {entropy_coef * m['policy/entropy']})")

@@ -60,10 +60,13 @@ def test_refused_pairs_are_listed_in_the_docs(array):
     (("model.backend=torch", "rl.advantage=gae"), ("model.backend", "rl.advantage")),
     (("model.backend=torch", "rl.reference=periodic"), ("model.backend", "rl.reference")),
     (("model.backend=torch", "generation.max_turns=2"), ("model.backend", "generation.max_turns")),
+    (("rl.advantage=gae", "generation.num_samples_per_prompt=1", "rl.guidance=true"),
+     ("rl.guidance", "generation.num_samples_per_prompt")),
 ])
 def test_a_refusal_names_both_options(sets, keys):
-    """A KL reference or controller without a KL does nothing (refused, not ignored); the torch
-    backend's refusals name model.backend, not "the torch backend"."""
+    """A KL reference or controller without a KL does nothing (refused, not ignored); guidance
+    in a group of one would replace its only sampled answer; the torch backend's refusals name
+    model.backend, not "the torch backend"."""
     with pytest.raises(ConfigError) as e:
         check(load(None, list(sets)))
     assert all(k in str(e.value) for k in keys) and "\n" not in str(e.value)
@@ -102,8 +105,7 @@ def test_every_row_trains_two_steps_with_its_invariants(array, bf16_model, tmp_p
             failures.append(f"row {i} {_short(row)}: {type(e).__name__}: {e}")
             continue
         steps = [m for _, m in hub.steps]
-        found = violations(row, steps, 4096, cfg.rl.value_coef, cfg.rl.entropy_coef,
-                           cfg.training.batch_size)
+        found = violations(row, cfg, steps, 4096)
         if len(steps) != 2:
             found.append(f"{len(steps)} steps")
         failures += [f"row {i} {_short(row)}: {v}" for v in found]

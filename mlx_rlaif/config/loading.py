@@ -252,6 +252,11 @@ def check(cfg: Config) -> Config:
     if cfg.generation.num_samples_per_prompt < 2 and cfg.rl.advantage != "gae":
         raise ConfigError("generation.num_samples_per_prompt = 1 leaves a group without a "
                           "baseline: set it to 2 or more, or use rl.advantage gae (a critic)")
+    if cfg.generation.num_samples_per_prompt < 2 and cfg.rl.guidance:
+        raise ConfigError("rl.guidance puts the reference answer in place of a group's last "
+                          "completion, and a group of generation.num_samples_per_prompt = 1 "
+                          "would lose its only sampled answer: set num_samples_per_prompt to 2 "
+                          "or more, or rl.guidance to false")
     if cfg.generation.num_samples_per_prompt < 2 and cfg.rl.dynamic_sampling:
         # DAPO's filter keeps the groups whose rewards vary: a group of one never does
         raise ConfigError("rl.dynamic_sampling keeps groups whose rewards vary, and a group of "
