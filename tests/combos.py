@@ -129,11 +129,12 @@ def all_pairs() -> list[Pair]:
 def covering_array(is_refused: Callable[[dict[str, str]], str | None] = refusal
                    ) -> tuple[list[dict[str, str]], dict[Pair, str]]:
     """(rows every accepted pair is in, the refused pairs with their messages)."""
-    uncovered = set(all_pairs())
+    order = {p: i for i, p in enumerate(all_pairs())}
+    uncovered = set(order)
     refused: dict[Pair, str] = {}
     rows: list[dict[str, str]] = []
     while uncovered:
-        first = min(uncovered, key=all_pairs().index)
+        first = min(uncovered, key=order.__getitem__)
         row = build_row(first, uncovered, refused)
         message = is_refused(row)
         if message is not None:
