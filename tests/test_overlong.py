@@ -46,7 +46,7 @@ def test_length_alone_is_not_signal():
     assert not Group(fails, [Reward(0.0)] * 3, 0).has_signal
     run = _run(ON)
     assert step.shaped(run.cfg, fails, [0.0] * 3) == [0.0, -0.125, -0.375]
-    t = step.group_targets(run, fails + mixed, scores, 0.0)
+    t = step.group_targets(run, fails + mixed, scores, 0.0, keys(fails + mixed))
     assert t.keep == [3, 4, 5] and t.summary.frac_zero_std == 0.5
     r = np.array([1.0, 0.75, 0.0])  # the mixed group shaped
     np.testing.assert_allclose(t.adv, (r - r.mean()) / (r.std() + 1e-6))
@@ -59,10 +59,28 @@ def test_shaping_comes_before_mask_truncated():
     group's baseline, then mask_truncated leaves it out of the loss: baseline of [1, 0.5, 0]
     is 0.5, std 0.408; the short pass gets 0.5 / 0.408 = 1.2247."""
     rollouts = [_rollout("a", 10), _rollout("a", 64, "length"), _rollout("a", 12)]
-    t = step.group_targets(_run([*ON, "rl.mask_truncated=true"]), rollouts, [1.0, 1.0, 0.0], 0.0)
+    t = step.group_targets(_run([*ON, "rl.mask_truncated=true"]), rollouts, [1.0, 1.0, 0.0], 0.0,
+                           keys(rollouts))
     assert t.keep == [0, 2]
     std = np.std([1.0, 0.5, 0.0]) + 1e-6
     np.testing.assert_allclose(t.adv, [0.5 / std, -0.5 / std])
+
+
+def keys(rollouts: list[Rollout]) -> list[str]:
+    return [r.task.id for r in rollouts]  # each task drawn once: a group per task
+
+
+def test_the_kl_in_the_reward_is_taken_from_the_shaped_reward():
+    """With rl.kl_in_reward the reward less the KL starts from the shaped reward (a reference
+    equal to the sampler: k1 = 0, so the advantages are the shaped ones, as without the KL)."""
+    rollouts = [_rollout("a", 10), _rollout("a", 64, "length"), _rollout("a", 12)]
+    run = _run([*ON, "rl.kl_in_reward=true"])
+    run.ops = SimpleNamespace(reference=lambda policy, rs, cfg: [np.asarray(r.logprobs)
+                                                                  for r in rs])
+    run.policy = None
+    t = step.group_targets(run, rollouts, [1.0, 1.0, 0.0], 0.1, keys(rollouts))
+    r = np.array([1.0, 0.5, 0.0])
+    np.testing.assert_allclose(t.adv, (r - r.mean()) / (r.std() + 1e-6))
 
 
 def test_off_leaves_the_rewards_alone():

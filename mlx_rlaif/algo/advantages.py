@@ -1,4 +1,6 @@
-"""Advantages per sequence from rewards, grouped by task id.
+"""Advantages per sequence from rewards, grouped by the caller's group keys: one group per
+prompt drawn (the train step keys its draws, so a task drawn twice in a step is two groups;
+task ids where each task is drawn once).
 
     grpo       A_i = r_i - mean(r_group)
     rloo       A_i = r_i - mean(r_group without i)
@@ -59,12 +61,12 @@ def _as_array(rewards: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
     return r, valid
 
 
-def compute(rewards: Sequence[float | None], task_ids: Sequence[str], kind: str = "grpo",
+def compute(rewards: Sequence[float | None], group_keys: Sequence[str], kind: str = "grpo",
             scale: str = "group", whiten: bool = False, drop_zero_std: bool = True,
             baseline: float | None = None, decay: float = 0.9,
             task_rewards: Sequence[float | None] | None = None,
             reduce: Reduce | None = None) -> Advantages:
-    """Advantages of `rewards` (shaped, e.g. minus a KL term) grouped by `task_ids`; zero-variance
+    """Advantages of `rewards` (shaped, e.g. minus a KL term) grouped by `group_keys`; zero-variance
     groups are found on `task_rewards` (the unshaped scores; default: `rewards`). `reduce`:
     with several ranks, the sum over them, so the batch statistics are the whole batch's (every
     rank calls it the same number of times, whatever its rewards; None: one process)."""
@@ -76,7 +78,7 @@ def compute(rewards: Sequence[float | None], task_ids: Sequence[str], kind: str 
     adv = np.zeros_like(r)
     zero = np.zeros_like(valid)
     new_baseline = baseline
-    groups = [np.array(ix) for ix in group_indices(task_ids).values()]
+    groups = [np.array(ix) for ix in group_indices(group_keys).values()]
     for ix in groups:
         v = ix[valid[ix]]
         if len(v) < 2 or np.ptp(task[v]) == 0:

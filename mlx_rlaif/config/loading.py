@@ -245,12 +245,42 @@ def check(cfg: Config) -> Config:
                           "to anthropic or openai")
     if r.teacher.mode == "rank" and r.type not in ("teacher", "mix"):
         raise ConfigError("reward.teacher.mode = rank needs reward.type teacher or mix")
+    if cfg.generation.num_samples_per_prompt < 2 and cfg.model.backend == "torch":
+        raise ConfigError("generation.num_samples_per_prompt = 1 needs a critic (rl.advantage "
+                          "gae), which is MLX-only: with model.backend torch set "
+                          "num_samples_per_prompt to 2 or more")
     if cfg.generation.num_samples_per_prompt < 2 and cfg.rl.advantage != "gae":
         raise ConfigError("generation.num_samples_per_prompt = 1 leaves a group without a "
                           "baseline: set it to 2 or more, or use rl.advantage gae (a critic)")
-    if cfg.model.backend == "torch" and (cfg.rl.advantage == "gae" or cfg.rl.reference != "base"):
-        raise ConfigError("rl.advantage gae and rl.reference ema/periodic are MLX-only: the torch "
-                          "backend takes grpo, rloo or reinforce against the frozen base")
+    if cfg.generation.num_samples_per_prompt < 2 and cfg.rl.guidance:
+        raise ConfigError("rl.guidance puts the reference answer in place of a group's last "
+                          "completion, and a group of generation.num_samples_per_prompt = 1 "
+                          "would lose its only sampled answer: set num_samples_per_prompt to 2 "
+                          "or more, or rl.guidance to false")
+    if cfg.generation.num_samples_per_prompt < 2 and cfg.rl.dynamic_sampling:
+        # DAPO's filter keeps the groups whose rewards vary: a group of one never does
+        raise ConfigError("rl.dynamic_sampling keeps groups whose rewards vary, and a group of "
+                          "generation.num_samples_per_prompt = 1 never varies: set "
+                          "num_samples_per_prompt to 2 or more, or rl.dynamic_sampling to false")
+    age, updates = cfg.rl.carry_max_age, cfg.rl.num_iterations
+    if cfg.rl.dynamic_sampling and age is not None and 0 < age < updates:
+        raise ConfigError(f"rl.carry_max_age = {age} is below rl.num_iterations = {updates}: a "
+                          f"group carried to the next step is {updates} updates old there, so "
+                          "none would ever be used: set rl.carry_max_age to null (one step), 0 "
+                          f"(never carry) or {updates} or more")
+    if cfg.model.backend == "torch" and cfg.rl.advantage == "gae":
+        raise ConfigError("rl.advantage gae (a critic) is MLX-only: with model.backend torch use "
+                          "grpo, rloo or reinforce")
+    if cfg.model.backend == "torch" and cfg.rl.reference != "base":
+        raise ConfigError(f"rl.reference {cfg.rl.reference} is MLX-only: with model.backend torch "
+                          "the reference is the frozen base (set rl.reference to base)")
+    if cfg.rl.kl_penalty == 0 and cfg.rl.adaptive_kl:
+        raise ConfigError("rl.adaptive_kl scales rl.kl_penalty, which is 0 (no KL at all, nothing "
+                          "to adapt): set kl_penalty above 0, or adaptive_kl to false")
+    if cfg.rl.kl_penalty == 0 and cfg.rl.reference != "base":
+        raise ConfigError(f"rl.reference {cfg.rl.reference} moves the KL's reference, and "
+                          "rl.kl_penalty = 0 computes no KL: set kl_penalty above 0, or "
+                          "rl.reference to base")
     if cfg.generation.max_turns > 1 and cfg.reward.type not in ("exec", "mix"):
         raise ConfigError("generation.max_turns > 1 feeds the exec reward's failure report back: "
                           "set reward.type to exec or mix")
@@ -259,9 +289,9 @@ def check(cfg: Config) -> Config:
                           "set generation.max_turns to 1, or rl.guidance to false")
     if cfg.generation.max_turns > 1 and cfg.model.backend == "torch":
         raise ConfigError("generation.max_turns > 1 is MLX-only (it continues the KV caches): "
-                          "set it to 1 for the torch backend")
+                          "set it to 1 with model.backend torch")
     if cfg.model.backend == "torch" and cfg.model.quantize:
-        raise ConfigError("model.quantize is MLX-only: the torch backend trains float weights "
+        raise ConfigError("model.quantize is MLX-only: model.backend torch trains float weights "
                           "(pass a float model and set model.quantize to 0)")
     if cfg.rl.advantage == "reinforce" and cfg.rl.scale == "group":
         raise ConfigError("rl.advantage = reinforce has no group baseline, so rl.scale = group "

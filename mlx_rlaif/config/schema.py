@@ -233,14 +233,21 @@ class RLConfig:
                                  "vary: sample oversample times the shortfall of prompts, keep "
                                  "the groups with signal, sample again while too few (at most "
                                  "max_extra_rounds more rounds), carry the rest to the next step "
-                                 "(DAPO's dynamic sampling).")
+                                 "(DAPO's dynamic sampling). Needs num_samples_per_prompt >= 2 "
+                                 "(a group of one never varies).")
     oversample: float = opt(1.5, "dynamic_sampling: prompts drawn per group still needed.",
                             lambda v: v >= 1, "use 1 or more")
     max_extra_rounds: int = opt(2, "dynamic_sampling: sampling rounds after the first, at "
                                 "most, when too few groups have signal.", _nonneg)
-    carry_max_age: int = opt(1, "dynamic_sampling: a carried group is used only while at most "
-                             "this many updates old (its recorded log-probs make the clipped "
-                             "ratio); older ones are dropped (0: never carry).", _nonneg)
+    carry_max_age: int | None = opt(None, "dynamic_sampling: a carried group is used only "
+                                    "while at most this many optimizer updates old (its "
+                                    "recorded log-probs make the clipped ratio); older ones are "
+                                    "dropped. A step makes num_iterations updates, so a group "
+                                    "carried one step is num_iterations updates old. null: "
+                                    "num_iterations (a group is carried one step); 0: never "
+                                    "carry; a value between them is refused (nothing would ever "
+                                    "be carried).", lambda v: v is None or v >= 0,
+                                    "use null, 0 or a positive number of updates")
     guidance: bool = opt(False, "Off-policy guidance (LUFFY): a group whose every completion "
                          "scores below the task's reference solution (its record's solution "
                          "field, scored by the same reward) gets that solution in place of its "

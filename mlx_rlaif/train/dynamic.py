@@ -5,10 +5,15 @@ needs (`rl.oversample` times the shortfall), keeps the groups with signal, sampl
 most `rl.max_extra_rounds` more rounds) while it has fewer than P, trains on P of them and
 carries the rest, finished and scored, to the next step. A carried group is marked with the
 policy version (step) it was sampled from and is used only while at most `rl.carry_max_age`
-updates old, so its recorded log-probs still make a valid clipped importance ratio; older ones
-are dropped and counted.
+optimizer updates old (by default `rl.num_iterations`: one step) when its step begins (`age`: each step makes `rl.num_iterations`
+updates, so a group carried one step is that many updates old), so its recorded log-probs
+still make a valid clipped importance ratio; older ones are dropped and counted. The updates
+are what move the policy away from the sampler's log-probs: counting steps would let a group
+carried with num_iterations 4 be four times as stale as the setting says.
 
-Works with any reward (exec, teacher, mix): a group's signal is read from its scores.
+Works with any reward (exec, teacher, mix): a group's signal is read from its scores. A group
+is one draw (draws.py): a task drawn in two rounds, or again while a group of it is carried, is
+two groups, each counted and kept on its own.
 
 With several ranks (data parallel) every rank draws the same tasks, samples its share of them,
 and the groups are exchanged (`every_rank`), so every rank holds the same pool and the same
@@ -26,17 +31,8 @@ from collections.abc import Callable
 from ..records import Reward, Rollout, Task
 from .carry import Group, carry_state, restore_carry
 from .distributed import World
+from .draws import groups_of
 from .run import Run
-
-
-def groups_of(rollouts: list[Rollout], rewards: list[Reward], version: int) -> list[Group]:
-    """Consecutive completions of the same task as groups (rollouts are prompt-major)."""
-    out: dict[str, tuple[list[Rollout], list[Reward]]] = {}
-    for r, rw in zip(rollouts, rewards, strict=True):
-        rs, ws = out.setdefault(r.task.id, ([], []))
-        rs.append(r)
-        ws.append(rw)
-    return [Group(rs, ws, version) for rs, ws in out.values()]
 
 
 def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
@@ -46,7 +42,9 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
     `sample(tasks, first_round)`; the rest carried in `run.carry`. Returns (groups, generation
     stats, dynamic-sampling metrics)."""
     rl, version, world = run.cfg.rl, run.state.step, run.world
-    fresh = [g for g in run.carry if version - g.version <= rl.carry_max_age]
+    size = run.cfg.generation.num_samples_per_prompt
+    oldest = rl.num_iterations if rl.carry_max_age is None else rl.carry_max_age
+    fresh = [g for g in run.carry if age(g, version, rl.num_iterations) <= oldest]
     pool, stale = [g for g in fresh if g.has_signal], len(run.carry) - len(fresh)
     gen: dict[str, float] = {}
     rounds = generated = zero = 0
@@ -56,7 +54,7 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
             break
         rollouts, rewards, stats = sample(world.share(tasks), rounds == 0)
         gen = (stats if not gen else _add(gen, stats)) if stats else gen
-        fresh_groups = every_rank(world, groups_of(rollouts, rewards, version), tasks)
+        fresh_groups = every_rank(world, groups_of(rollouts, rewards, version, size), tasks)
         pool += [g for g in fresh_groups if g.has_signal]
         zero += sum(not g.has_signal for g in fresh_groups)
         rounds, generated = rounds + 1, generated + sum(len(g.rollouts) for g in fresh_groups)
@@ -67,6 +65,11 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
                "sample/carried_dropped": float(stale),
                "sample/generations_per_kept_group": generated / max(len(used), 1)}
     return world.share(used), gen, metrics
+
+
+def age(group: Group, step: int, num_iterations: int) -> int:
+    """The optimizer updates made since `group` was sampled, at the start of step `step`."""
+    return (step - group.version) * num_iterations
 
 
 def every_rank(world: World, groups: list[Group], tasks: list[Task]) -> list[Group]:

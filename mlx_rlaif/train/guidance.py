@@ -14,9 +14,14 @@ at 1: a policy-gradient term on a sequence the sampler did not draw, as LUFFY's 
 term is, without its policy shaping. A reference answer longer than
 `generation.max_new_tokens` is not used (the sampler could never have written it).
 
-The reference answer is written as the model is asked to answer (`reference_answer`): the body
-under the prompt's signature where the prompt is the code to complete and the solution
-repeats that signature (HumanEval style), else the solution fenced in the task's language.
+The reference answer is written as the model is asked to answer (`reference_answer`). Where the
+prompt is code to complete, the student writes what follows it (the exec reward puts the prompt
+before a body), so the answer is the solution's continuation of the prompt: what follows the
+whole prompt where the solution contains it (a converted HumanEval record stores `solution =
+prompt + canonical_solution`), else what follows the prompt's last `def` line where the
+solution repeats that signature (the shipped suites: signature and body, no docstring); never
+the re-emitted signature and docstring. Otherwise (an instruction prompt) the solution fenced
+in the task's language.
 
 Scoring the reference answers costs one reward call per group: a sandbox run with the exec
 reward, a judge call with a teacher.
@@ -32,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ..records import Reward, Rollout, Task, group_indices
+from ..records import Reward, Rollout, Task
+from .draws import draw_indices
 
 
 def reference_answer(task: Task) -> str | None:
@@ -40,10 +46,42 @@ def reference_answer(task: Task) -> str | None:
     solution = task.meta.get("solution")
     if not isinstance(solution, str) or not solution.strip():
         return None
-    head, _, body = solution.partition("\n")
-    if head.strip() and task.prompt.startswith(head) and body.strip():
-        return body.rstrip()
+    rest = continuation(task.prompt, solution)
+    if rest is not None:
+        return rest
     return f"```{task.language}\n{solution.rstrip()}\n```"
+
+
+def continuation(prompt: str, solution: str) -> str | None:
+    """What `solution` writes after the code of `prompt`: after the whole prompt where the
+    solution holds it from a line start, else after the prompt's last `def` line (its stub's
+    signature) where the solution holds that line, provided what follows is an indented body;
+    None where neither (the prompt is not code the solution continues)."""
+    stub = prompt.strip("\n")
+    at = _line_start_find(solution, stub) if stub.strip() else -1
+    if at >= 0:
+        return _body(solution[at + len(stub):])
+    signature = next((line for line in reversed(prompt.splitlines())
+                      if line.lstrip().startswith(("def ", "async def "))), None)
+    if signature is None:
+        return None
+    lines = solution.splitlines()
+    found = [i for i, line in enumerate(lines) if line.rstrip() == signature.rstrip()]
+    return _body("\n".join(lines[found[-1] + 1:])) if found else None
+
+
+def _line_start_find(text: str, part: str) -> int:
+    """Where `part` first occurs in `text` at the start of a line, or -1."""
+    at = text.find(part)
+    while at > 0 and text[at - 1] != "\n":
+        at = text.find(part, at + 1)
+    return at
+
+
+def _body(rest: str) -> str | None:
+    """`rest` without the line break that ends the prompt, when it is an indented body."""
+    rest = rest.rstrip().lstrip("\n")
+    return rest if rest.strip() and rest[0] in " \t" else None
 
 
 def to_replace(group_values: list[list[float | None]], reference_values: list[float | None]
@@ -64,13 +102,25 @@ def reference_rollout(task: Task, prompt_tokens: list[int], answer: str, tokeniz
                    temperature=temperature)
 
 
+def reference_scores(reward_fn: Any, tasks: list[Task], answers: list[str]) -> list[Reward]:
+    """The reward of each reference answer, scored once per task (a task drawn twice in the
+    batch has the same answer in both groups)."""
+    first: dict[str, int] = {}
+    unique = [i for i, t in enumerate(tasks) if first.setdefault(t.id, i) == i]
+    scored = reward_fn.score([tasks[i] for i in unique], [answers[i] for i in unique])
+    by_task = {tasks[i].id: w for i, w in zip(unique, scored, strict=True)}
+    return [by_task[t.id] for t in tasks]
+
+
 def guide(run: Any, rollouts: list[Rollout], rewards: list[Reward]
           ) -> tuple[list[Rollout], list[Reward], int]:
-    """`rollouts` and `rewards` with the reference answer in place of the last completion of
-    each group that scored below it (train.run.Run `run`: its reward, policy, prompt format
-    and backend); returns them and the number of groups guided."""
+    """`rollouts` and `rewards` (prompt-major: each draw's completions together) with the
+    reference answer in place of the last completion of each group that scored below it, a
+    group being one draw (draws.py: a task drawn twice is two groups) (train.run.Run `run`: its
+    reward, policy, prompt format and backend); returns them and the number of groups
+    guided."""
     cfg = run.cfg
-    groups = list(group_indices([r.task.id for r in rollouts]).values())
+    groups = draw_indices([r.task.id for r in rollouts], cfg.generation.num_samples_per_prompt)
     tasks = [rollouts[idx[0]].task for idx in groups]
     answers = [reference_answer(t) for t in tasks]
     tokenizer = run.policy.tokenizer
@@ -81,7 +131,8 @@ def guide(run: Any, rollouts: list[Rollout], rewards: list[Reward]
               if b is not None and len(b.tokens) <= cfg.generation.max_new_tokens]
     if not usable:
         return rollouts, rewards, 0
-    scored = run.reward_fn.score([tasks[i] for i in usable], [answers[i] for i in usable])
+    scored = reference_scores(run.reward_fn, [tasks[i] for i in usable],
+                              [answers[i] for i in usable])
     chosen = [i for i, yes in zip(usable, to_replace(
         [[rewards[j].value for j in groups[i]] for i in usable], [w.value for w in scored]),
         strict=True) if yes]

@@ -28,6 +28,8 @@ from ..algo.gae import masked_gae, token_rewards, whiten
 from ..config import Config, prompts_per_step
 from ..faults import fault
 from ..records import Reward, Rollout, Task
+from .carry import Group
+from .draws import apart, flatten, groups_of
 from .dynamic import collect
 from .guidance import guide
 from .multiturn import hidden_tasks, shape, turn_metrics
@@ -42,13 +44,14 @@ def rl_step(run: Run, draw: Callable[..., list[Task]],
     cfg, ops, kl_penalty = run.cfg, run.ops, run.state.kl_penalty
     t0 = time.perf_counter()
     fault("generate")
-    rollouts, rewards, gen, extra = gather(run, draw, observe)
+    groups, gen, extra, sampled = gather(run, draw, observe)
+    rollouts, rewards, keys = flatten(groups)  # keys: one group per draw (draws.py)
     t2 = time.perf_counter()
     t1 = t0 + gen.get("gen/seconds", 0.0)
     fault("update")
     scores = [rw.value for rw in rewards]
-    targets = (critic_targets if cfg.rl.advantage == "gae" else group_targets)(
-        run, rollouts, scores, kl_penalty)
+    targets = (critic_targets(run, rollouts, scores, kl_penalty) if cfg.rl.advantage == "gae"
+               else group_targets(run, rollouts, scores, kl_penalty, keys))
     kept = [rollouts[i] for i in targets.keep]
     shard = run.world.shard([r.trained_tokens for r in kept])  # None on one machine
     upd, skipped = ops.update(run.policy, run.optimizer, kept, targets.adv, targets.ref, cfg,
@@ -61,7 +64,8 @@ def rl_step(run: Run, draw: Callable[..., list[Task]],
                         kl_penalty=adapt_kl(cfg, kl_penalty, (targets.kl or upd).get("kl/mean"),
                                             shard.sequences if shard else len(kept)))
     metrics = {**gen, **upd, **targets.kl,
-               **step_metrics(rollouts, rewards, targets.summary, targets.keep),
+               **step_metrics(*(sampled if sampled[0] else (rollouts, rewards)),
+                              targets.summary, targets.keep),
                "kl/penalty": kl_penalty, "optim/skipped": float(run.state.skipped),
                "time/generate": t1 - t0, "time/score": t2 - t1, "time/train": t3 - t2,
                "time/step": t3 - t0, **run.reward_fn.metrics(), **extra,
@@ -76,10 +80,10 @@ def score(run: Run, rollouts: list[Rollout]) -> list[Reward]:
     hidden tests, shaped by the number of turns taken (multiturn.shape)."""
     fault("score")
     gen, rl = run.cfg.generation, run.cfg.rl
-    texts = [r.text for r in rollouts]
+    texts, G = [r.text for r in rollouts], gen.num_samples_per_prompt
     if gen.max_turns == 1:
-        return run.reward_fn.score([r.task for r in rollouts], texts)
-    raw = run.reward_fn.score(hidden_tasks(rollouts, gen.visible_tests), texts)
+        return apart([r.task for r in rollouts], texts, G, run.reward_fn.score)
+    raw = apart(hidden_tasks(rollouts, gen.visible_tests), texts, G, run.reward_fn.score)
     return shape(raw, rollouts, gen.max_turns, rl.turn_discount, rl.early_pass_bonus)
 
 
@@ -114,18 +118,20 @@ def student_k1(rollouts: list[Rollout], k1: list[np.ndarray]) -> np.ndarray:
 
 
 def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
-                  kl_penalty: float) -> Targets:
-    """Group-baseline advantages (grpo, rloo, reinforce); with the KL in the reward, the reward
-    less kl_penalty times the summed k1, and no KL term in the loss."""
+                  kl_penalty: float, keys: list[str] | None = None) -> Targets:
+    """Group-baseline advantages (grpo, rloo, reinforce) over the groups `keys` names (one per
+    draw; None: one per task); with the KL in the reward, the reward less kl_penalty times the
+    summed k1, and no KL term in the loss."""
     cfg, ops = run.cfg, run.ops
+    keys = [r.task.id for r in rollouts] if keys is None else keys
     values, ref, kl = shaped(cfg, rollouts, scores), None, {}
     if kl_penalty > 0 and cfg.rl.kl_in_reward:  # the KL goes into the reward, not the loss
         k1 = kl_k1(run, rollouts, ops.reference(run.policy, rollouts, cfg))
         values = [None if v is None else v - kl_penalty * float(k.sum())
-                  for v, k in zip(scores, k1, strict=True)]
+                  for v, k in zip(values, k1, strict=True)]  # the shaped reward, less the KL
         kl = {"kl/mean": advantages.batch_moments(student_k1(rollouts, k1), run.world.reduce,
                                                   std=False)[1]}
-    adv = advantages.compute(values, [r.task.id for r in rollouts], cfg.rl.advantage,
+    adv = advantages.compute(values, keys, cfg.rl.advantage,
                              cfg.rl.scale, cfg.rl.whiten, cfg.rl.drop_zero_std,
                              run.state.reinforce_baseline, cfg.rl.reinforce_decay,
                              task_rewards=scores, reduce=run.world.reduce)
@@ -204,13 +210,18 @@ def kl_mean(k1: np.ndarray | None, reduce: advantages.Reduce | None, wanted: boo
 
 def gather(run: Run, draw: Callable[..., list[Task]],
            observe: Callable[[list[Rollout], list[Reward]], None]
-           ) -> tuple[list[Rollout], list[Reward], dict[str, float], dict[str, float]]:
-    """The step's scored rollouts: of the next batch of prompts, or with dynamic sampling the
-    groups with signal it collects (dynamic.py). `observe` sees the sampled completions before
-    any reference answer takes a place (rl.guidance: guidance.py). Returns (rollouts, rewards,
-    generation stats, dynamic-sampling and guidance metrics)."""
+           ) -> tuple[list[Group], dict[str, float], dict[str, float],
+                      tuple[list[Rollout], list[Reward]]]:
+    """The step's scored groups, one per prompt drawn (draws.py): of the next batch of prompts,
+    or with dynamic sampling the groups with signal it collects (dynamic.py). `observe` sees
+    the sampled completions before any reference answer takes a place (rl.guidance:
+    guidance.py). Returns (groups, generation stats, dynamic-sampling and guidance metrics,
+    every completion this step sampled and its reward: with dynamic sampling more than the
+    groups it trains on, and the step's reward metrics are theirs; none when carried groups
+    filled the step, whose metrics are then those of the groups trained)."""
     need = prompts_per_step(run.cfg)
     guided: list[int] = []
+    seen: tuple[list[Rollout], list[Reward]] = ([], [])
 
     def sample(tasks: list[Task], first: bool
                ) -> tuple[list[Rollout], list[Reward], dict[str, float]]:
@@ -220,14 +231,17 @@ def gather(run: Run, draw: Callable[..., list[Task]],
             rollouts, rewards, n = run.world.agreed(lambda: guide(run, rollouts, rewards),
                                                     "check of the reference answers")
             guided.append(n)
+        seen[0].extend(rollouts)
+        seen[1].extend(rewards)
         return rollouts, rewards, gen
 
     if not run.cfg.rl.dynamic_sampling:
         rollouts, rewards, gen = sample(run.world.share(draw(need)), True)
-        return rollouts, rewards, gen, guidance_metrics(run, guided)
+        groups = groups_of(rollouts, rewards, run.state.step,
+                           run.cfg.generation.num_samples_per_prompt)
+        return groups, gen, guidance_metrics(run, guided), seen
     groups, gen, extra = collect(run, need, lambda n: draw(n, True), sample)
-    return ([r for g in groups for r in g.rollouts], [w for g in groups for w in g.rewards],
-            gen, {**extra, **guidance_metrics(run, guided)})
+    return groups, gen, {**extra, **guidance_metrics(run, guided)}, seen
 
 
 def guidance_metrics(run: Run, guided: list[int]) -> dict[str, float]:
@@ -296,8 +310,9 @@ def merge_gen_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float
 
 def step_metrics(rollouts: list[Rollout], rewards: list[Reward], adv: advantages.Advantages,
                  keep: list[int]) -> dict[str, float]:
-    """The step's reward and generation metrics, over the sampled completions (a reference
-    answer put in by rl.guidance is trained on but is not the policy's: left out)."""
+    """The step's reward and generation metrics, over the completions it sampled (with dynamic
+    sampling also those of groups without signal, not trained on; a reference answer put in by
+    rl.guidance is trained on but is not the policy's: left out), and the sequences trained."""
     sampled = [i for i in range(len(rewards)) if rewards[i].details.get("guidance") is not True]
     rollouts, rewards = [rollouts[i] for i in sampled], [rewards[i] for i in sampled]
     vals = np.array([r.value for r in rewards if r.value is not None], dtype=np.float64)
