@@ -29,6 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import TEST_DTYPE
 from recording_hub import RecordingHub
 
 from mlx_rlaif.artifacts import checkpoint
@@ -135,17 +136,30 @@ def test_ranks_whose_weights_differ_stop_the_run():
 # --- the update: two ranks equal one process -------------------------------------------------------
 
 
+# Two ranks sum in another order and pad micro-batches to other widths: float rounding, larger
+# in bfloat16 and float16 (MLX_RLAIF_TEST_DTYPE, tests/test_metal_path.py): there one step is
+# taken (tests/dp_update.py) and the updates compared as wholes (measured 0.3% apart in
+# bfloat16; a rank's lost or doubled gradient would be tens of percent).
+RTOL = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 1e-2}[TEST_DTYPE]
+
+
 def _compare(solo: dict, two: dict) -> None:
     np.testing.assert_allclose(two["adv"], solo["adv"], rtol=0, atol=1e-12)
     for key in ("loss/total", "loss/policy", "loss/kl", "policy/entropy", "policy/clipfrac",
                 "kl/mean", "optim/grad_norm", "kl/sample_train"):
-        assert two["metrics"][key] == pytest.approx(solo["metrics"][key], rel=2e-5, abs=1e-9), key
+        assert two["metrics"][key] == pytest.approx(
+            solo["metrics"][key], rel=RTOL, abs=1e-9 if TEST_DTYPE == "float32" else RTOL / 5), key
     assert two["skipped"] == solo["skipped"] == 0
-    moved = 0.0
-    for k, v in solo["weights"].items():
-        np.testing.assert_allclose(two["weights"][k], v, rtol=1e-5, atol=1e-7, err_msg=k)
-        moved = max(moved, float(np.abs(np.array(v) - np.array(solo["start"][k])).max()))
-    assert moved > 1e-3  # the update moved the weights (the clipped gradient, twice)
+    start = {k: np.array(v) for k, v in solo["start"].items()}
+    ours = {k: np.array(v) - start[k] for k, v in two["weights"].items()}
+    ref = {k: np.array(v) - start[k] for k, v in solo["weights"].items()}
+    assert max(float(np.abs(d).max()) for d in ref.values()) > 1e-3  # the update moved them
+    if TEST_DTYPE == "float32":
+        for k, v in solo["weights"].items():
+            np.testing.assert_allclose(two["weights"][k], v, rtol=1e-5, atol=1e-7, err_msg=k)
+        return
+    off = math.sqrt(sum(float(((ours[k] - ref[k]) ** 2).sum()) for k in ref))
+    assert off <= RTOL * math.sqrt(sum(float((d ** 2).sum()) for d in ref.values()))
 
 
 def _solo(backend: str, model: Path, agg: str) -> dict:
