@@ -92,6 +92,40 @@ def test_shares_are_contiguous_uneven_and_cover_the_batch():
     assert len({World(_Group(r, 4)).rank_seed(5) for r in range(4)}) == 4
 
 
+def test_the_start_line_names_the_ranks_the_transport_and_each_share():
+    assert World(_Group(0, 2), "mlx", "ring").line(4, 8) == \
+        "data parallel: 2 ranks (ring), 2 prompts x 8 each per step"
+    assert World(_Group(1, 2), "mlx", "ring").line(3, 4) == \
+        "data parallel: 2 ranks (ring), 1-2 prompts x 4 each per step"
+    assert World(_Group(0, 4), "torch", "gloo").line(2, 8) == \
+        "data parallel: 4 ranks (gloo), 0-1 prompts x 8 each per step"
+    assert World().line(4, 8) is None
+
+
+def test_the_dashboard_and_the_summary_show_the_ranks():
+    import os
+
+    from rich.console import Console
+
+    from mlx_rlaif.metrics import summary
+    from mlx_rlaif.metrics.dashboard import DashboardState, render
+    from mlx_rlaif.metrics.stats import RunStats
+
+    def shown(ranks: float) -> str:
+        console = Console(record=True, width=140, file=open(os.devnull, "w"))  # noqa: SIM115
+        console.print(render(DashboardState(4, step=1, metrics={"dist/world_size": ranks})))
+        return console.export_text()
+
+    assert "mlx-rlaif (data parallel: 2 ranks)" in shown(2.0)
+    assert "data parallel" not in shown(1.0)
+    stats = RunStats()
+    stats.observe(1, {"dist/world_size": 2.0, "reward/mean": 0.5})
+    assert stats.as_dict()["world_size"] == 2
+    assert "Data parallel: 2 ranks" in stats.summary_text()
+    assert "Data parallel" not in RunStats().summary_text()
+    assert summary.ranks([{"dist/world_size": 2.0}, {}]) == 2 and summary.ranks([{}]) == 1
+
+
 def test_the_launchers_environment_names_the_engine(tmp_path):
     ring = tmp_path / "ring.json"
     ring.write_text('[["127.0.0.1:1"], ["127.0.0.1:2"]]')
@@ -245,9 +279,13 @@ def test_two_ranks_write_one_run_that_mlx_lm_loads_and_two_ranks_resume_exactly(
     cli = [sys.executable, "-m", "mlx_rlaif.cli", "train", "--output-dir"]
     proc = _launch2([*cli, str(run), "--max-steps", "3", *QUICK], tmp_path)
     assert proc.stdout.count("step 1/3 |") == 1, proc.stdout  # rank 1 prints nothing
+    assert proc.stdout.count("data parallel: 2 ranks (ring), 1-2 prompts x 4 each per step"
+                             ) == 1, proc.stdout
+    assert "Data parallel: 2 ranks" in proc.stdout  # the end-of-run summary
     assert "Traceback" not in proc.stderr, proc.stderr
     steps = [json.loads(x) for x in (run / "batches.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3]
+    assert all(s["dist/world_size"] == 2 for s in steps)
     kept = [s["sample/groups_kept"] for s in steps]  # the same number on every rank
     assert sum(kept) > 0 and all(s["train/sequences"] == 4 * s["sample/groups_kept"]
                                  for s in steps)
@@ -260,6 +298,7 @@ def test_two_ranks_write_one_run_that_mlx_lm_loads_and_two_ranks_resume_exactly(
             ] == [4]
     ckpts = checkpoint.list_checkpoints(run)
     assert [checkpoint.checkpoint_step(c) for c in ckpts] == [1, 2, 3]
+    assert json.loads((ckpts[-1] / "training_stats.json").read_text())["world_size"] == 2
 
     from mlx_lm import generate
     from mlx_lm.utils import load

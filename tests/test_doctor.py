@@ -38,8 +38,8 @@ def test_doctor_end_to_end(tiny_model: Path, prompts_file: Path, tmp_path: Path)
     assert "plan: weights" in lines["memory"] and "checkpointing off" in lines["memory"]
     # 2 steps of 2 prompts x 8 completions (the quickstart's G), every one trained
     assert "2 step(s) of" in lines["probe"] and "trained 32 sequences" in lines["probe"]
-    # 6 tasks, 2 per step: 3 steps in the run
-    assert "; 3 steps:" in lines["projected"]
+    # the quickstart's training.max_steps = 60: 6 tasks, 2 per step, cycled 20 times
+    assert "; 60 steps:" in lines["projected"]
     assert list(cwd.iterdir()) == []  # nothing written where it ran (no runs/)
 
 

@@ -123,7 +123,7 @@ class World:
         lo, hi = prompts // self.size, -(-prompts // self.size)
         each = f"{lo}" if lo == hi else f"{lo}-{hi}"
         return (f"data parallel: {self.size} ranks ({self.backend or self.engine}), {each} "
-                f"prompt{'s' if hi != 1 else ''} x {group_size} each per step")
+                f"prompt{'' if each == '1' else 's'} x {group_size} each per step")
 
     # --- what differs per rank ------------------------------------------------------------------
 
