@@ -9,7 +9,9 @@ On `--resume`, the loop state comes from the checkpoint (data cursor, baselines,
 the adaptive controller reached). A setting the user changed since the checkpoint wins over the
 saved state, with a printed line (`resumed_state`): today that is `rl.kl_penalty`. A damaged
 checkpoint is refused (artifacts/integrity.py; the CLI's `--resume` falls back to the one before).
-Tasks too long for the model's context are skipped with a line (fit.py).
+Tasks too long for the model's context are skipped with a line (fit.py). The run's length
+(training.max_steps, num_epochs, max_minutes) is length.py's, said in one line at the start;
+with several ranks a second line names them (`World.line`).
 
 With several ranks (`world`, distributed.py) every rank runs the same setup and checks; rank 0
 alone writes the run directory, and the others restore rank 0's checkpoint from a copy it sends
