@@ -217,3 +217,14 @@ def _render(state: DashboardState) -> str:
     console = Console(record=True, width=140, file=open(os.devnull, "w"))  # noqa: SIM115
     console.print(render(state))
     return console.export_text()
+
+
+def test_the_hub_hands_the_time_budget_to_the_plain_lines(tmp_path, capsys):
+    from mlx_rlaif.config import LoggingConfig
+    from mlx_rlaif.metrics import MetricsHub
+
+    hub = MetricsHub.create(LoggingConfig(tensorboard=False), tmp_path, False, 32000, {},
+                            time_budget_s=300.0)
+    hub.log_step(1, {"time/training_s": 192.0, "reward/mean": 0.5})
+    hub.close()
+    assert "step 1 (3.2 of 5 min) | reward 0.5000" in capsys.readouterr().out
