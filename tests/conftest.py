@@ -1,9 +1,18 @@
-"""Shared fixtures: tiny random-weight models built once per session (no download)."""
+"""Shared fixtures: tiny random-weight models built once per session (no download).
+
+MLX_RLAIF_TEST_DTYPE (default float32; bfloat16 or float16) is the dtype the tiny models are
+stored in: the `micro_model` and `tiny_model` fixtures, and `builtin:tiny-coder` (within this
+process, a copy of the shipped model in that dtype stands in for it). tests/test_metal_path.py
+sets it, with MLX_RLAIF_CPU_KERNELS=0, to run the core training tests on the path Metal takes.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +21,10 @@ from mlx_rlaif.cpu.blas import fast_blas_active, find_fast_blas, maybe_reexec_wi
 from mlx_rlaif.testing.randmodel import make_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
+DTYPE_VAR = "MLX_RLAIF_TEST_DTYPE"
+TEST_DTYPE = os.environ.get(DTYPE_VAR) or "float32"
+if TEST_DTYPE not in ("float32", "bfloat16", "float16"):
+    raise pytest.UsageError(f"{DTYPE_VAR}={TEST_DTYPE}: use float32, bfloat16 or float16")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -28,13 +41,50 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def micro_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2 layers, width 64, vocab 512: fast enough for many forward/backward passes."""
-    return make_model_dir(tmp_path_factory.mktemp("micro") / "model", "micro", seed=3)
+    return make_model_dir(tmp_path_factory.mktemp("micro") / "model", "micro", seed=3,
+                          dtype=TEST_DTYPE)
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The benchmark's tiny shape: 4 layers, width 256, vocab 4096."""
-    return make_model_dir(tmp_path_factory.mktemp("tiny") / "model", "tiny", seed=4)
+    return make_model_dir(tmp_path_factory.mktemp("tiny") / "model", "tiny", seed=4,
+                          dtype=TEST_DTYPE)
+
+
+def cast_model_dir(src: Path, dst: Path, dtype: str) -> Path:
+    """A copy of the model directory `src` with its floating-point weights in `dtype`."""
+    import mlx.core as mx
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))
+    for f in src.glob("*.safetensors"):
+        weights = {k: v.astype(getattr(mx, dtype)) if mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in mx.load(str(f)).items()}
+        mx.save_safetensors(str(dst / f.name), weights, {"format": "mlx"})
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, "torch_dtype": dtype}, indent=2))
+    return dst
+
+
+@pytest.fixture(scope="session", autouse=True)
+def builtin_in_test_dtype(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under MLX_RLAIF_TEST_DTYPE, `builtin:tiny-coder` resolves to a copy in that dtype (this
+    process only: a subprocess a test starts loads the shipped float32 model)."""
+    if TEST_DTYPE == "float32":
+        yield
+        return
+    from mlx_rlaif import assets
+
+    copy = cast_model_dir(assets.HERE / "tiny-coder",
+                          tmp_path_factory.mktemp("builtin") / "tiny-coder", TEST_DTYPE)
+    shipped = assets.resolve_model
+
+    def resolve(path: str) -> str:
+        return str(copy) if path == f"{assets.PREFIX}tiny-coder" else shipped(path)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(assets, "resolve_model", resolve)
+        yield
 
 
 @pytest.fixture()

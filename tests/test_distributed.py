@@ -29,6 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import TEST_DTYPE
 from recording_hub import RecordingHub
 
 from mlx_rlaif.artifacts import checkpoint
@@ -91,6 +92,40 @@ def test_shares_are_contiguous_uneven_and_cover_the_batch():
     assert len({World(_Group(r, 4)).rank_seed(5) for r in range(4)}) == 4
 
 
+def test_the_start_line_names_the_ranks_the_transport_and_each_share():
+    assert World(_Group(0, 2), "mlx", "ring").line(4, 8) == \
+        "data parallel: 2 ranks (ring), 2 prompts x 8 each per step"
+    assert World(_Group(1, 2), "mlx", "ring").line(3, 4) == \
+        "data parallel: 2 ranks (ring), 1-2 prompts x 4 each per step"
+    assert World(_Group(0, 4), "torch", "gloo").line(2, 8) == \
+        "data parallel: 4 ranks (gloo), 0-1 prompts x 8 each per step"
+    assert World().line(4, 8) is None
+
+
+def test_the_dashboard_and_the_summary_show_the_ranks():
+    import os
+
+    from rich.console import Console
+
+    from mlx_rlaif.metrics import summary
+    from mlx_rlaif.metrics.dashboard import DashboardState, render
+    from mlx_rlaif.metrics.stats import RunStats
+
+    def shown(ranks: float) -> str:
+        console = Console(record=True, width=140, file=open(os.devnull, "w"))  # noqa: SIM115
+        console.print(render(DashboardState(4, step=1, metrics={"dist/world_size": ranks})))
+        return console.export_text()
+
+    assert "mlx-rlaif (data parallel: 2 ranks)" in shown(2.0)
+    assert "data parallel" not in shown(1.0)
+    stats = RunStats()
+    stats.observe(1, {"dist/world_size": 2.0, "reward/mean": 0.5})
+    assert stats.as_dict()["world_size"] == 2
+    assert "Data parallel: 2 ranks" in stats.summary_text()
+    assert "Data parallel" not in RunStats().summary_text()
+    assert summary.ranks([{"dist/world_size": 2.0}, {}]) == 2 and summary.ranks([{}]) == 1
+
+
 def test_the_launchers_environment_names_the_engine(tmp_path):
     ring = tmp_path / "ring.json"
     ring.write_text('[["127.0.0.1:1"], ["127.0.0.1:2"]]')
@@ -135,17 +170,30 @@ def test_ranks_whose_weights_differ_stop_the_run():
 # --- the update: two ranks equal one process -------------------------------------------------------
 
 
+# Two ranks sum in another order and pad micro-batches to other widths: float rounding, larger
+# in bfloat16 and float16 (MLX_RLAIF_TEST_DTYPE, tests/test_metal_path.py): there one step is
+# taken (tests/dp_update.py) and the updates compared as wholes (measured 0.3% apart in
+# bfloat16; a rank's lost or doubled gradient would be tens of percent).
+RTOL = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 1e-2}[TEST_DTYPE]
+
+
 def _compare(solo: dict, two: dict) -> None:
     np.testing.assert_allclose(two["adv"], solo["adv"], rtol=0, atol=1e-12)
     for key in ("loss/total", "loss/policy", "loss/kl", "policy/entropy", "policy/clipfrac",
                 "kl/mean", "optim/grad_norm", "kl/sample_train"):
-        assert two["metrics"][key] == pytest.approx(solo["metrics"][key], rel=2e-5, abs=1e-9), key
+        assert two["metrics"][key] == pytest.approx(
+            solo["metrics"][key], rel=RTOL, abs=1e-9 if TEST_DTYPE == "float32" else RTOL / 5), key
     assert two["skipped"] == solo["skipped"] == 0
-    moved = 0.0
-    for k, v in solo["weights"].items():
-        np.testing.assert_allclose(two["weights"][k], v, rtol=1e-5, atol=1e-7, err_msg=k)
-        moved = max(moved, float(np.abs(np.array(v) - np.array(solo["start"][k])).max()))
-    assert moved > 1e-3  # the update moved the weights (the clipped gradient, twice)
+    start = {k: np.array(v) for k, v in solo["start"].items()}
+    ours = {k: np.array(v) - start[k] for k, v in two["weights"].items()}
+    ref = {k: np.array(v) - start[k] for k, v in solo["weights"].items()}
+    assert max(float(np.abs(d).max()) for d in ref.values()) > 1e-3  # the update moved them
+    if TEST_DTYPE == "float32":
+        for k, v in solo["weights"].items():
+            np.testing.assert_allclose(two["weights"][k], v, rtol=1e-5, atol=1e-7, err_msg=k)
+        return
+    off = math.sqrt(sum(float(((ours[k] - ref[k]) ** 2).sum()) for k in ref))
+    assert off <= RTOL * math.sqrt(sum(float((d ** 2).sum()) for d in ref.values()))
 
 
 def _solo(backend: str, model: Path, agg: str) -> dict:
@@ -231,9 +279,13 @@ def test_two_ranks_write_one_run_that_mlx_lm_loads_and_two_ranks_resume_exactly(
     cli = [sys.executable, "-m", "mlx_rlaif.cli", "train", "--output-dir"]
     proc = _launch2([*cli, str(run), "--max-steps", "3", *QUICK], tmp_path)
     assert proc.stdout.count("step 1/3 |") == 1, proc.stdout  # rank 1 prints nothing
+    assert proc.stdout.count("data parallel: 2 ranks (ring), 1-2 prompts x 4 each per step"
+                             ) == 1, proc.stdout
+    assert "Data parallel: 2 ranks" in proc.stdout  # the end-of-run summary
     assert "Traceback" not in proc.stderr, proc.stderr
     steps = [json.loads(x) for x in (run / "batches.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3]
+    assert all(s["dist/world_size"] == 2 for s in steps)
     kept = [s["sample/groups_kept"] for s in steps]  # the same number on every rank
     assert sum(kept) > 0 and all(s["train/sequences"] == 4 * s["sample/groups_kept"]
                                  for s in steps)
@@ -246,6 +298,7 @@ def test_two_ranks_write_one_run_that_mlx_lm_loads_and_two_ranks_resume_exactly(
             ] == [4]
     ckpts = checkpoint.list_checkpoints(run)
     assert [checkpoint.checkpoint_step(c) for c in ckpts] == [1, 2, 3]
+    assert json.loads((ckpts[-1] / "training_stats.json").read_text())["world_size"] == 2
 
     from mlx_lm import generate
     from mlx_lm.utils import load

@@ -40,8 +40,8 @@ def test_doctor_end_to_end(tiny_model: Path, prompts_file: Path, tmp_path: Path)
     assert "3 step(s) of" in lines["probe"] and "trained 48 sequences" in lines["probe"]
     assert "first " in lines["probe"] and "(it compiles), then " in lines["probe"]
     assert lines["install"].split()[1] == "mlx-cpu" and "FAILED" not in lines["install"]
-    # 6 tasks, 2 per step: 3 steps in the run
-    assert "; 3 steps:" in lines["projected"]
+    # the quickstart's training.max_steps = 60: 6 tasks, 2 per step, cycled 20 times
+    assert "; 60 steps:" in lines["projected"]
     assert list(cwd.iterdir()) == []  # nothing written where it ran (no runs/)
 
 

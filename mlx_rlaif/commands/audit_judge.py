@@ -11,7 +11,9 @@ together, and has flags of its own (repeats, orders, the cost confirmation) that
 Before any teacher call it prints how many calls the audit makes and their estimated cost; above `--confirm-above` dollars (or with no prices configured, unless the teacher is on
 this machine) it asks on the terminal, and refuses with one line naming `--yes` when stdin is
 not a terminal. The report is a table on stdout and, with `--out`, JSON (written whole or not
-at all); the exit code is 0 whether or not something was flagged. Answers are cached for the
+at all); its last line is the verdict: flagged, inconclusive (a probe's 95% interval spans
+the threshold: with how many completions would decide it) or clean (audit_report.py); the exit
+code is 0 whichever it is. Answers are cached for the
 audit's own length only (unlike `score`, so each audit measures the judge afresh);
 `reward.teacher.cache_path` keeps them.
 
@@ -99,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     Console(width=None if sys.stdout.isatty() else 120).print(render(report))
+    print("\n".join(summary_lines(report)), flush=True)  # whole lines; the last: the verdict
     if args.out:
         from .score import write_atomic
 
@@ -207,12 +210,14 @@ def _value(found: dict[str, Any], path: tuple[str, str], col: str) -> float | No
 
 
 def render(report: dict[str, Any]) -> Any:
-    from rich.console import Group
+    """The table (flagged cells marked !, inconclusive ones ?)."""
     from rich.table import Table
     from rich.text import Text
 
     cols, found = report["columns"], report["checks"]
     flagged = {(f["check"], f["column"]) for f in report["flags"]}
+    unsure = {(check, col) for check, by_col in report["verdicts"].items()
+              for col, v in by_col.items() if v["verdict"] == "inconclusive"}
     t = report["teacher"]
     table = Table(title=f"judge audit: {t['provider']} {t['model']} ({t['mode']}, samples "
                         f"{t['samples']}, temperature {t['temperature']}), "
@@ -227,14 +232,17 @@ def render(report: dict[str, Any]) -> Any:
         cells = []
         for col in cols:
             v = _value(found, path, col)
-            bad = (path[0], col) in flagged
-            text = "-" if v is None else format(v, spec) + (" !" if bad else "")
-            cells.append(Text(text, style="bold red" if bad else ""))
+            bad, unclear = (path[0], col) in flagged, (path[0], col) in unsure
+            mark = " !" if bad else " ?" if unclear else ""
+            text = "-" if v is None else format(v, spec) + mark
+            cells.append(Text(text, style="bold red" if bad else "yellow" if unclear else ""))
         table.add_row(label, *cells)
-    return Group(table, *[Text(line) for line in summary_lines(report)])
+    return table
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
+    from ..rewards.teacher.audit_report import verdict_lines
+
     c = report["calls"]
     cost = f"${c['cost_usd']:.4f}" if report["teacher"]["price_in_per_mtok"] or \
         report["teacher"]["price_out_per_mtok"] else "cost n/a (no prices set)"
@@ -244,6 +252,4 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     cov = report["checks"]["coverage"]
     lines.append(f"usable judgements {cov['scored']}/{cov['judgements']}")
     lines += [f"! {f['check']} ({f['column']}): {f['why']}" for f in report["flags"]]
-    if not report["flags"]:
-        lines.append("nothing flagged at these thresholds")
-    return lines
+    return lines + verdict_lines(report)  # the last: the verdict

@@ -248,6 +248,8 @@ def probe_report(cfg: Config, steps: int) -> bool:
     n = total_steps(cfg, len(load_tasks(d.train_file, d.languages, d.max_tasks,
                                         d.difficulties)))
     per_step, note = projection(times)
+    if n is None:  # training.max_minutes alone ends the run
+        n = int(60 * cfg.training.max_minutes / per_step)
     say("projected", f"{per_step:.2f} s per step; {n} steps: {hms(per_step * n)} per run "
         f"(held-out evaluations and checkpoints not included){note}")
     return True

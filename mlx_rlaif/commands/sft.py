@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
             bar.update(task, completed=step, total=total,
                        info=f"loss {m['loss/sft']:.4f}  {m['sft/tokens_per_sec']:.0f} tok/s")
             if not console.is_terminal and (step == total or step % 10 == 0):
-                console.print(f"sft step {step}/{total}: loss {m['loss/sft']:.4f}")
+                of = f"/{total}" if total else ""  # None: training.max_minutes alone ends it
+                console.print(f"sft step {step}{of}: loss {m['loss/sft']:.4f}")
 
         run_dir = sft(cfg, progress, log=console.print)
     latest = checkpoint.latest_checkpoint(run_dir)

@@ -55,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:  # a pipe or file: print the whole table, whatever its width
         console = Console(width=1000)
     shown = summary.tail(records, args.tail)
-    title = f"{args.run_dir} ({args.type}: {len(shown)} of {len(records)})"
+    n = summary.ranks(records)
+    title = f"{args.run_dir} ({args.type}: {len(shown)} of {len(records)}" + \
+        (f"; data parallel, {n} ranks)" if n > 1 else ")")
     console.print(summary.table(shown, args.type, title))
     if args.csv_out:
         summary.write_csv(records, args.csv_out)

@@ -305,6 +305,7 @@ def check(cfg: Config) -> Config:
     if cfg.training.keep_best and not (d.eval_file and d.eval_every):
         raise ConfigError("training.keep_best needs a periodic evaluation: set data.eval_file and "
                           "data.eval_every")
+    check_length(cfg.training)
     return cfg
 
 
@@ -333,3 +334,13 @@ def check_overlong(cfg: Config) -> None:
     if rl.overlong_penalty > 0 and cfg.generation.max_turns > 1:
         raise ConfigError("rl.overlong_penalty shapes the reward of one answer by its length: "
                           "set generation.max_turns to 1, or rl.overlong_penalty to 0")
+
+
+def check_length(t: Any) -> None:
+    """A cosine schedule needs the run's step count as its horizon: a run bounded by
+    training.max_minutes alone has none (train/length.py)."""
+    if t.lr_schedule == "cosine" and t.max_minutes and not (t.max_steps or t.num_epochs):
+        raise ConfigError("training.lr_schedule = cosine needs a step count for its horizon, "
+                          "which training.max_minutes alone does not give: set "
+                          "training.max_steps (or training.num_epochs) too, or use "
+                          "lr_schedule constant")

@@ -270,11 +270,19 @@ class RLConfig:
 @dataclass(frozen=True)
 class TrainingConfig:
     batch_size: int = opt(2, "P: prompts per step; a step trains on P x G completions.", _pos)
-    num_epochs: int = opt(1, "Passes over the training tasks.", _pos)
-    max_steps: int = opt(0, "Stop after this many steps (0: run all epochs).", _nonneg)
+    num_epochs: int = opt(0, "Passes over the training tasks, each ceil(tasks / prompts per "
+                          "step) steps (with dynamic sampling or the curriculum that step count, "
+                          "though a step may draw more tasks). 0: one epoch, or as many as "
+                          "max_steps or max_minutes needs. Set beside max_steps, whichever ends "
+                          "first (the start line says which).", _nonneg)
+    max_steps: int = opt(0, "The number of steps: the task file cycles as often as needed "
+                         "(unless num_epochs is set too: whichever ends first). 0: "
+                         "num_epochs decides.", _nonneg)
     max_minutes: float = opt(0.0, "Stop after the step that passes this many minutes of training "
                              "in this process (0: no limit), then save and evaluate as at the "
-                             "end: runs compared in the same wall-clock budget.", _nonneg)
+                             "end: runs compared in the same wall-clock budget. Alone (max_steps "
+                             "0, num_epochs 0) it is the only bound: the task file cycles until "
+                             "then.", _nonneg)
     learning_rate: float = opt(1e-4, "Peak AdamW learning rate.", _pos)
     weight_decay: float = opt(0.0, "AdamW weight decay.", _nonneg)
     warmup_steps: int = opt(0, "Linear warmup steps.", _nonneg)

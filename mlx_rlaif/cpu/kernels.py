@@ -7,10 +7,13 @@ run 2.5-4x slower than `mx.power(2, x)`. `fast_cpu_kernels(model)` swaps, for th
 modules call for versions written with 2**(x log2 e), and restores them on exit. The attention
 stacks the query heads that share a key head as rows of one matrix product (mx.fast's CPU
 fallback broadcasts the keys instead). Their custom backward passes recompute the sigmoid and the
-attention probabilities from the inputs instead of keeping them (under `mx.compile` too,
-which would otherwise merge the recomputation with the forward's: `_after`). They equal mlx-lm's, values and
-gradients, up to float32 rounding (tests/test_cpu_kernels.py). On the Qwen2.5-0.5B shape the
-update ran 27 -> 20 s and its peak memory fell 5.07 -> 4.43 GB (BENCHMARKS.md).
+attention probabilities from the inputs instead of keeping them (under `mx.compile` too, which
+would otherwise merge the recomputation with the forward's: `_after`). They equal mlx-lm's,
+values and gradients, up to float32 rounding (tests/test_cpu_kernels.py). They compute in float32
+and return their inputs' dtype, forward and backward: a custom VJP must give each primal's dtype
+back, or a bfloat16 or float16 model's `value_and_grad` fails (tests/test_low_precision.py).
+On the Qwen2.5-0.5B shape the update ran 27 -> 20 s and its peak memory fell 5.07 -> 4.43 GB
+(BENCHMARKS.md).
 
 `pow2` goes further where a kernel is compiled per shape (SwiGLU's sigmoid; the sampler in
 decode.py): 2**y from exponent bits and a polynomial, plain multiplies and adds that the
@@ -103,15 +106,19 @@ def _sigmoid(x: mx.array) -> mx.array:
 
 @mx.compile  # one trace per shape: a decoding step's is the same at every step
 def _swiglu(gate: mx.array, x: mx.array) -> mx.array:
-    return (gate * _sigmoid(gate) * x).astype(x.dtype)  # the sigmoid is float32: x's dtype back
+    """In float32 (`pow2` reads float32 bits), the result in the inputs' dtype, as mlx-lm's."""
+    g = gate.astype(mx.float32)
+    return (g * _sigmoid(g) * x.astype(mx.float32)).astype(mx.result_type(gate, x))
 
 
 @mx.compile
 def _swiglu_vjp(gate: mx.array, x: mx.array, cotangent: mx.array) -> tuple[mx.array, mx.array]:
-    s = _sigmoid(gate)
-    silu = gate * s
-    return ((cotangent * x * (s + silu * (1.0 - s))).astype(gate.dtype),
-            (cotangent * silu).astype(x.dtype))  # each gradient in its input's dtype
+    """In float32; each gradient in its input's dtype (a custom VJP must return its primals')."""
+    g, c = gate.astype(mx.float32), cotangent.astype(mx.float32)
+    s = _sigmoid(g)
+    silu = g * s
+    return ((c * x.astype(mx.float32) * (s + silu * (1.0 - s))).astype(gate.dtype),
+            (c * silu).astype(x.dtype))
 
 
 @mx.custom_function
@@ -179,7 +186,8 @@ def _attention_grad(primals: tuple, cotangent: mx.array, output: mx.array) -> tu
     dv = p.astype(v.dtype).swapaxes(-1, -2) @ cotangent
     dp = (cotangent @ v.swapaxes(-1, -2)).astype(mx.float32)
     ds = (p * (dp - (dp * p).sum(axis=-1, keepdims=True))).astype(q.dtype)
-    return ds @ k, ds.swapaxes(-1, -2) @ q, dv, mx.zeros_like(mask)
+    return ((ds @ k).astype(q.dtype), (ds.swapaxes(-1, -2) @ q).astype(k.dtype),
+            dv.astype(v.dtype), mx.zeros_like(mask))  # each in its primal's dtype
 
 
 def scaled_dot_product_attention(queries: mx.array, keys: mx.array, values: mx.array,

@@ -2,7 +2,9 @@
 
 `Dashboard` keeps plain state under a lock; rich.live's own refresh thread renders it twice a
 second, so `step()` on the training thread only stores numbers (rendering stays off the hot path).
-It shows progress and ETA; reward mean, best, baseline and a sparkline trend; KL, loss, clip
+It shows progress and ETA (toward the run's last step, or for a time-limited run,
+`training.max_minutes`, toward its time budget whenever that is projected to end the run
+first: `ends_by`); the ranks of a data-parallel run; reward mean, best, baseline and a sparkline trend; KL, loss, clip
 fraction, entropy; generation and training tokens/s and the step time split; memory (MLX's
 peak against the memory plan's budget, RSS); teacher calls, cost and cache hits (when a teacher
 runs); the judge against the exec reward (reward type mix: rank correlation, best-answer
@@ -67,7 +69,8 @@ def hms(seconds: float | None) -> str:
 class DashboardState:
     """Everything the dashboard shows; mutated only under `Dashboard._lock`."""
 
-    total_steps: int
+    total_steps: int  # 0: no step bound (a run only time-limited)
+    time_budget_s: float = 0.0  # training.max_minutes in seconds (0: none)
     started: float = field(default_factory=time.time)
     first_step: int | None = None
     step: int = 0
@@ -90,12 +93,40 @@ class DashboardState:
         return max(0.0, per_step * max(0, self.total_steps - self.step) - (now - self.updated))
 
 
+def ends_by(step: int, total: int, used_s: float, budget_s: float) -> str:
+    """What is projected to end the run: "steps" (its last step) or "time" (the time budget),
+    from the steps done in `used_s` seconds of training."""
+    if not budget_s:
+        return "steps"
+    if total <= 0:
+        return "time"
+    if step <= 0 or used_s <= 0:
+        return "steps"
+    return "steps" if total <= step * budget_s / used_s else "time"
+
+
+def training_seconds(s: DashboardState, now: float) -> float:
+    """The seconds the time budget has counted: at the last step (its `time/training_s`) plus
+    the time since, at most the budget."""
+    at_step = finite(s.metrics.get("time/training_s"))
+    if at_step is None:
+        return 0.0
+    return min(s.time_budget_s, at_step + max(0.0, now - s.updated))
+
+
 def _progress(s: DashboardState) -> RenderableType:
     now = time.time()
-    total = max(s.total_steps, 1)
     grid = Table.grid(expand=True, padding=(0, 1))
     grid.add_column(ratio=1)
     grid.add_column(no_wrap=True)
+    used = training_seconds(s, now)
+    if ends_by(s.step, s.total_steps, used, s.time_budget_s) == "time":
+        budget = s.time_budget_s
+        grid.add_row(ProgressBar(total=budget, completed=used),
+                     f"step {s.step}  {hms(used)} of {hms(budget)} training time "
+                     f"(training.max_minutes)  {used / budget:.0%}  left {hms(budget - used)}")
+        return grid
+    total = max(s.total_steps, 1)
     grid.add_row(
         ProgressBar(total=total, completed=min(s.step, total)),
         f"step {s.step}/{s.total_steps}  {s.step / total:.0%}  elapsed "
@@ -258,14 +289,17 @@ def render(s: DashboardState) -> RenderableType:
         items.append(_completion(s.sample))
     if s.health is not None:
         items.append(Text(s.health.line, style="green" if s.health.ok else "bold yellow"))
-    return Panel(Group(*items), title="mlx-rlaif", title_align="left", border_style="blue")
+    ranks = finite(s.metrics.get("dist/world_size")) or 1
+    title = "mlx-rlaif" + (f" (data parallel: {ranks:.0f} ranks)" if ranks > 1 else "")
+    return Panel(Group(*items), title=title, title_align="left", border_style="blue")
 
 
 class Dashboard:
     """rich.live dashboard; all methods are cheap state updates except start/close."""
 
-    def __init__(self, total_steps: int, console: Console | None = None) -> None:
-        self._state = DashboardState(total_steps)
+    def __init__(self, total_steps: int, console: Console | None = None,
+                 time_budget_s: float = 0.0) -> None:
+        self._state = DashboardState(total_steps, time_budget_s)
         self._lock = threading.Lock()
         self.console = console or Console()
         self._live = Live(
@@ -334,8 +368,10 @@ class Dashboard:
 class PlainPrinter:
     """One line per `log_every` steps, plus messages and health lines, to a text stream."""
 
-    def __init__(self, total_steps: int, log_every: int, stream: TextIO | None = None) -> None:
+    def __init__(self, total_steps: int, log_every: int, stream: TextIO | None = None,
+                 time_budget_s: float = 0.0) -> None:
         self.total_steps, self.log_every = total_steps, log_every
+        self.time_budget_s = time_budget_s
         self.stream = stream or sys.stdout
 
     def _print(self, text: str) -> None:
@@ -356,7 +392,7 @@ class PlainPrinter:
         baseline: float | None,
     ) -> None:
         if step % self.log_every == 0 or step == 1:
-            self._print(plain_line(step, self.total_steps, metrics))
+            self._print(plain_line(step, self.total_steps, metrics, self.time_budget_s))
 
     def samples(self, samples: Sequence[Mapping[str, Any]]) -> None:
         pass
@@ -385,9 +421,14 @@ PLAIN_FIELDS = (
 )
 
 
-def plain_line(step: int, total: int, metrics: Mapping[str, Any]) -> str:
-    """`step 3/10 | reward 0.5000 | kl 0.0012 | ...`, leaving out keys the step did not send."""
-    head = f"step {step}/{total}" if total > 0 else f"step {step}"
+def plain_line(step: int, total: int, metrics: Mapping[str, Any], budget_s: float = 0.0) -> str:
+    """`step 3/10 | reward 0.5000 | kl 0.0012 | ...`, leaving out keys the step did not send;
+    `step 3 (1.2 of 5 min) | ...` where the time budget is projected to end the run first."""
+    used = finite(metrics.get("time/training_s")) or 0.0
+    if ends_by(step, total, used, budget_s) == "time":
+        head = f"step {step} ({used / 60:.1f} of {budget_s / 60:g} min)"
+    else:
+        head = f"step {step}/{total}" if total > 0 else f"step {step}"
     parts = [
         f"{name} {fmt(metrics.get(key), spec)}"
         for name, key, spec in PLAIN_FIELDS

@@ -108,8 +108,11 @@ class MetricsHub:
         total_steps: int,
         hparams: Mapping[str, Any],
         resume: bool = False,
+        time_budget_s: float = 0.0,
     ) -> MetricsHub:
-        """`cfg` is the `logging` config section; `interactive`: stdout is a terminal."""
+        """`cfg` is the `logging` config section; `interactive`: stdout is a terminal;
+        `total_steps` the step the run ends at (0: none known), `time_budget_s` its time limit
+        (training.max_minutes; 0: none): the progress display's bounds."""
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         tb = TensorBoardSink(run_dir / "tensorboard", hparams, resume) if cfg.tensorboard else None
@@ -119,9 +122,9 @@ class MetricsHub:
             else None
         )
         view: Dashboard | PlainPrinter = (
-            Dashboard(total_steps)
+            Dashboard(total_steps, time_budget_s=time_budget_s)
             if interactive and cfg.dashboard
-            else PlainPrinter(total_steps, cfg.log_every, sys.stdout)
+            else PlainPrinter(total_steps, cfg.log_every, sys.stdout, time_budget_s)
         )
         return cls(cfg, run_dir, view, tb, ds, resume)
 

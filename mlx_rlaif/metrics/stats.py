@@ -34,7 +34,7 @@ TEACHER_KEYS = (
     "teacher/cost_usd",
     "teacher/unscorable",
 )
-NOT_AVERAGED = {"epoch", "batch", "step", "elapsed_s", "reward/baseline"}
+NOT_AVERAGED = {"epoch", "batch", "step", "elapsed_s", "reward/baseline", "time/training_s"}
 EMA_DECAY = 0.9
 
 
@@ -104,6 +104,7 @@ class RunStats:
     started: float = field(default_factory=time.time)
     steps: int = 0
     last_step: int = 0
+    world_size: int = 1  # ranks of the run (`dist/world_size`; data parallel when above 1)
     gen_tps: list[float] = field(default_factory=list)
     train_tps: list[float] = field(default_factory=list)
     gen_tokens: float = 0.0
@@ -162,6 +163,7 @@ class RunStats:
         self.steps += 1
         self.last_step = step
         self.window.append({"step": step, **metrics})
+        self.world_size = int(finite(metrics.get("dist/world_size")) or self.world_size)
         self._throughput(metrics)
         for key in TEACHER_KEYS:
             x = finite(metrics.get(key))
@@ -232,6 +234,7 @@ class RunStats:
         return {
             "steps": self.steps,
             "last_step": self.last_step,
+            "world_size": self.world_size,
             "duration_s": self.elapsed,
             "baseline_reward": self.baseline,
             "baseline_source": self.baseline_from,
@@ -278,9 +281,10 @@ def format_duration(seconds: float) -> str:
 def format_summary(stats: Mapping) -> str:
     """The end-of-run summary, in the seed trainer's layout."""
     gen, bp, t = stats["generation"], stats["backprop"], stats["teacher"]
-    lines = [
-        "Training summary",
-        "",
+    lines = ["Training summary", ""]
+    if stats.get("world_size", 1) > 1:  # totals and throughputs are every rank's together
+        lines += [f"Data parallel: {stats['world_size']} ranks", ""]
+    lines += [
         "Generation Performance:",
         f"  Average: {_num(gen['avg_tokens_per_sec'])} tokens/sec",
         f"  P99:     {_num(gen['p99_tokens_per_sec'])} tokens/sec",

@@ -1,7 +1,8 @@
 """A finished (or running) run's JSONL as a table, a CSV file and PNG curves, for
 `mlx-rlaif summary`.
 
-Covered: batch, epoch and periodic held-out evaluation records (steps a resumed run did again
+Covered: batch, epoch and periodic held-out evaluation records (and the ranks a
+data-parallel run ran on) (steps a resumed run did again
 appear once, the later record winning), a table of the last N records with the columns that
 exist, a CSV of every key, and a 2x2 figure (reward with min/max band and baseline, KL, loss,
 throughput; for evaluations one panel of pass@1 and mean reward). matplotlib is imported
@@ -76,6 +77,11 @@ def load(run_dir: Path, kind: str) -> list[dict]:
                              "eval": " (written with data.eval_every)"}.get(kind, "")
         )
     return last_per_key(read_jsonl(path), key)
+
+
+def ranks(records: Sequence[Mapping]) -> int:
+    """The most ranks any record ran on (`dist/world_size`; runs from before it: 1)."""
+    return int(max((finite(r.get("dist/world_size")) or 1 for r in records), default=1))
 
 
 def tail(records: Sequence[dict], n: int) -> list[dict]:

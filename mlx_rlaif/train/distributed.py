@@ -98,6 +98,7 @@ class World:
 
     group: Any = None  # a backend's group (backends/*/parallel.py); None: one process
     engine: str = ""  # "mlx" or "torch": which engine launched the ranks
+    backend: str = ""  # its transport: ring, mpi, jaccl, nccl (mlx); gloo, nccl (torch)
     watchdog: Watchdog | None = None
     _temp: list[Path] = field(default_factory=list)
 
@@ -112,6 +113,17 @@ class World:
     @property
     def label(self) -> str:
         return f"rank {self.rank} of {self.size}"
+
+    def line(self, prompts: int, group_size: int) -> str | None:
+        """The start line of a run on several ranks (None on one process): `data parallel: 2
+        ranks (ring), 2 prompts x 8 each per step` (`prompts` a step in all, `group_size`
+        completions each)."""
+        if self.size == 1:
+            return None
+        lo, hi = prompts // self.size, -(-prompts // self.size)
+        each = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        return (f"data parallel: {self.size} ranks ({self.backend or self.engine}), {each} "
+                f"prompt{'' if each == '1' else 's'} x {group_size} each per step")
 
     # --- what differs per rank ------------------------------------------------------------------
 
@@ -338,12 +350,22 @@ def connect(env: Mapping[str, str] | None = None) -> World:
         except RuntimeError as e:
             raise DistributedError(f"could not connect to the other ranks ({e}): check the "
                                    "hostfile and that every host runs the command") from None
-    world = World(group, engine, dog)
+    world = World(group, engine, transport(engine, backend), dog)
     dog.label = world.label
     if world.size == 1:
         return World()
     share_cores(world)
     return world
+
+
+def transport(engine: str, backend: str) -> str:
+    """The collectives' transport: the launcher's (mlx.launch's environment names it), or for
+    torchrun the process group's (gloo or nccl)."""
+    if backend or engine != "torch":
+        return backend
+    import torch.distributed as dist
+
+    return str(dist.get_backend())
 
 
 def share_cores(world: World) -> int:

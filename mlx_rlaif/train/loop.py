@@ -1,7 +1,9 @@
 """The loop over steps: the data order and cursor, the baseline reward, Ctrl-C, logging,
-checkpoints and the periodic held-out evaluation (periodic.py), until `steps` steps are done or a
-stop (a teacher's 401/403, the budget, Ctrl-C or SIGTERM: the step in progress finishes, a
-checkpoint is saved, the run ends).
+checkpoints and the periodic held-out evaluation (periodic.py), until `steps` steps are done
+(length.py: the task file cycles as often as they need), the step that passes
+training.max_minutes, or a stop (a teacher's 401/403, the budget, Ctrl-C or SIGTERM: the step in
+progress finishes, a checkpoint is saved, the run ends). Each step's record also holds
+`dist/world_size` (the ranks) and `time/training_s` (the seconds training.max_minutes counts).
 
 With several ranks every rank draws the same tasks and takes its share (step.py); after the
 step their metrics, records and stop reasons are gathered (distributed_metrics.sync_step), the
@@ -38,9 +40,10 @@ from .run import Run, maybe_save, save, saved_at
 from .step import rl_step, sample_records, score, step_seed
 
 
-def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
+def loop(run: Run, tasks: list[Task], steps: int | None, hub: Any,
          eval_tasks: Sequence[Task] = ()) -> None:
-    """Steps until `steps`; `eval_tasks`: held-out tasks of the periodic evaluation."""
+    """Steps until `steps` (None: until training.max_minutes; length.py); `eval_tasks`:
+    held-out tasks of the periodic evaluation."""
     cfg = run.cfg
     order = TaskOrder(len(tasks), cfg.training.seed, cfg.data.shuffle)
     P = prompts_per_step(cfg)
@@ -57,9 +60,9 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
     observe = (lambda rs, ws: run.curriculum.observe(
         every_rank_values(run.world, pass_values(rs, ws), tasks), keys)) \
         if run.curriculum is not None else (lambda rs, ws: None)
-    deadline = time.monotonic() + 60 * cfg.training.max_minutes if cfg.training.max_minutes \
-        else math.inf
-    while run.state.step < steps:
+    started = time.monotonic()
+    deadline = started + 60 * cfg.training.max_minutes if cfg.training.max_minutes else math.inf
+    while run.state.step < (math.inf if steps is None else steps):
         s = run.state
         try:
             metrics, samples = rl_step(run, stream.take, observe)
@@ -73,14 +76,16 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
         epoch_end = stream.epoch > s.epoch
         run.state = replace(run.state, epoch=stream.epoch, cursor=stream.cursor)
         run.state = track_reward(run.state, metrics.get("reward/mean"))
-        metrics.update({"epoch": float(s.epoch + 1), "batch": float(s.cursor // P + 1)})
+        metrics.update({"epoch": float(s.epoch + 1), "batch": float(s.cursor // P + 1),
+                        "dist/world_size": float(run.world.size),
+                        "time/training_s": time.monotonic() - started})
         if cfg.training.max_memory_gb:  # the memory plan's budget (train/memory_plan.py)
             metrics["memory/budget_gb"] = cfg.training.max_memory_gb
         hub.log_step(run.state.step, metrics)
         hub.log_samples(run.state.step, samples)
         run.stop = stop
-        if epoch_end:
-            hub.end_epoch(s.epoch + 1)
+        if epoch_end:  # the passes completed (dynamic sampling may complete several a step)
+            hub.end_epoch(stream.epoch)
         maybe_save(run, hub, s.epoch + 1, s.cursor // P + 1, epoch_end)
         run.stop = run.stop or ("interrupted" if interrupted() else None)  # during the save
         if not run.stop:
@@ -96,7 +101,7 @@ def loop(run: Run, tasks: list[Task], steps: int, hub: Any,
         hub.message(f"stopping: {run.stop}; checkpoint saved")
         save(run, hub, checkpoint.checkpoint_name(run.state.epoch + 1, None, run.state.step,
                                                   final=True))
-    elif steps and not saved_at(run, run.state.step):
+    elif steps != 0 and not saved_at(run, run.state.step):
         save(run, hub, checkpoint.checkpoint_name(0, None, run.state.step, final=True))
     interrupted.restore()
 

@@ -39,11 +39,13 @@ from ..backends.mlx.policy import adapter_config_for, load_policy
 from ..backends.mlx.update import apply_update, make_optimizer
 from ..backends.sampling import format_prompt
 from ..config import LoraConfig, ModelConfig, TrainingConfig, build_section, opt, read_raw, to_dict
+from ..config.loading import check_length
 from ..cpu.kernels import training_fast_paths
 from ..data import read_jsonl
 from ..errors import ConfigError, DataError
 from ..metrics.jsonl import JsonlWriter
 from ..records import Task
+from .length import RunLength, run_length
 from .run import due_checkpoint
 
 # --- configuration ----------------------------------------------------------------------------
@@ -82,6 +84,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     if isinstance(training, dict):
         training.setdefault("output_dir", "runs/sft")
     cfg = build_section(SFTRunConfig, raw, "")
+    check_length(cfg.training)
     if not cfg.sft.train_file:
         raise ConfigError("sft.train_file is empty: set it to a prompt/completion JSONL file")
     return cfg
@@ -236,10 +239,10 @@ def prepare(cfg: SFTRunConfig) -> tuple[list[Example], list[Example], int]:
     return train, valid, skipped
 
 
-def total_steps(cfg: SFTRunConfig, n_examples: int) -> int:
-    per_epoch = n_examples // cfg.training.batch_size
-    total = per_epoch * cfg.training.num_epochs
-    return min(total, cfg.training.max_steps) if cfg.training.max_steps else total
+def length_of(cfg: SFTRunConfig, n_examples: int) -> RunLength:
+    """The run's length (train/length.py; None steps: training.max_minutes alone ends it)."""
+    b = cfg.training.batch_size
+    return run_length(cfg.training, n_examples // b, f"the {n_examples} examples at {b} a step")
 
 
 def sft(cfg: SFTRunConfig, progress: Any = None, log: Any = print) -> Path:
@@ -256,8 +259,10 @@ def sft(cfg: SFTRunConfig, progress: Any = None, log: Any = print) -> Path:
     if len(data) < t.batch_size:
         raise DataError(f"{cfg.sft.train_file}: {len(data)} examples fit sft.max_seq_length, "
                         f"fewer than training.batch_size = {t.batch_size}")
-    steps = total_steps(cfg, len(data))
-    run = SFTRun(cfg, policy, make_optimizer(t, steps), Path(t.output_dir))
+    length = length_of(cfg, len(data))
+    log(f"sft: {length.line}")
+    steps = length.steps
+    run = SFTRun(cfg, policy, make_optimizer(t, steps or 0), Path(t.output_dir))
     run.run_dir.mkdir(parents=True, exist_ok=True)
     (run.run_dir / "config.yaml").write_text(dump(cfg))
     metrics_out = JsonlWriter(run.run_dir / "batches.jsonl", append=False)
@@ -269,14 +274,15 @@ def sft(cfg: SFTRunConfig, progress: Any = None, log: Any = print) -> Path:
     return run.run_dir
 
 
-def _loop(run: SFTRun, data: list, valid: list, steps: int, out: Any, progress: Any,
+def _loop(run: SFTRun, data: list, valid: list, steps: int | None, out: Any, progress: Any,
           log: Any) -> None:
     t = run.cfg.training
     model = run.policy.model
     model.train(run.cfg.lora.dropout > 0)
     per_epoch = len(data) // t.batch_size
     deadline = time.monotonic() + 60 * t.max_minutes if t.max_minutes else math.inf
-    while run.state.step < steps and time.monotonic() < deadline:
+    end = math.inf if steps is None else steps
+    while run.state.step < end and time.monotonic() < deadline:
         epoch = run.state.epoch
         for b, (tokens, lengths) in enumerate(batches(data, t.batch_size,
                                                       run.cfg.sft.max_seq_length,
@@ -297,8 +303,8 @@ def _loop(run: SFTRun, data: list, valid: list, steps: int, out: Any, progress: 
                 run.state = replace(run.state, epoch=epoch + 1, cursor=0)
                 _end_epoch(run, valid, out, log)
             over = time.monotonic() >= deadline  # the time budget: this step is the last
-            _maybe_save(run, epoch + 1, b, epoch_end, run.state.step if over else steps)
-            if run.state.step >= steps or over:
+            _maybe_save(run, epoch + 1, b, epoch_end, run.state.step if over else end)
+            if run.state.step >= end or over:
                 break
     model.train(False)
 
@@ -313,7 +319,7 @@ def _end_epoch(run: SFTRun, valid: list, out: Any, log: Any) -> None:
     log(f"sft: epoch {run.state.epoch} validation loss {loss:.4f}")
 
 
-def _maybe_save(run: SFTRun, epoch: int, batch: int, epoch_end: bool, steps: int) -> None:
+def _maybe_save(run: SFTRun, epoch: int, batch: int, epoch_end: bool, steps: float) -> None:
     step = run.state.step
     name = checkpoint.checkpoint_name(epoch, None, step, final=True) if step >= steps \
         else due_checkpoint(run.cfg.training, step, epoch, batch, epoch_end)

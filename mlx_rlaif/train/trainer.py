@@ -9,7 +9,9 @@ On `--resume`, the loop state comes from the checkpoint (data cursor, baselines,
 the adaptive controller reached). A setting the user changed since the checkpoint wins over the
 saved state, with a printed line (`resumed_state`): today that is `rl.kl_penalty`. A damaged
 checkpoint is refused (artifacts/integrity.py; the CLI's `--resume` falls back to the one before).
-Tasks too long for the model's context are skipped with a line (fit.py).
+Tasks too long for the model's context are skipped with a line (fit.py). The run's length
+(training.max_steps, num_epochs, max_minutes) is length.py's, said in one line at the start;
+with several ranks a second line names them (`World.line`).
 
 With several ranks (`world`, distributed.py) every rank runs the same setup and checks; rank 0
 alone writes the run directory, and the others restore rank 0's checkpoint from a copy it sends
@@ -45,6 +47,7 @@ from .distributed import World
 from .distributed_metrics import SilentHub, check_same_weights, merge_eval
 from .evaluate import evaluate_tasks
 from .fit import context_length, fit_context
+from .length import RunLength, run_length
 from .loop import loop
 from .memory_plan import resolve
 from .periodic import eval_subset, resume_history
@@ -99,19 +102,27 @@ def decontaminated(tasks: list[Task], d: Any) -> list[Task]:
     return kept
 
 
-def total_steps(cfg: Config, n_tasks: int) -> int:
-    per_epoch = TaskOrder(n_tasks, cfg.training.seed).batches_per_epoch(prompts_per_step(cfg))
-    total = per_epoch * cfg.training.num_epochs
-    return min(total, cfg.training.max_steps) if cfg.training.max_steps else total
+def length_of(cfg: Config, n_tasks: int) -> RunLength:
+    """The run's length (length.py) over `n_tasks` training tasks."""
+    P = prompts_per_step(cfg)
+    per_epoch = TaskOrder(n_tasks, cfg.training.seed).batches_per_epoch(P)
+    return run_length(cfg.training, per_epoch, f"the {n_tasks} tasks at {P} prompts a step")
 
 
-def schedule_horizon(cfg: Config, steps: int, saved: checkpoint.LoopState | None) -> int:
-    """Optimizer updates the learning-rate schedule spans: fixed at the run's first launch
+def total_steps(cfg: Config, n_tasks: int) -> int | None:
+    """The step the run ends at (None: only training.max_minutes ends it)."""
+    return length_of(cfg, n_tasks).steps
+
+
+def schedule_horizon(cfg: Config, steps: int | None, saved: checkpoint.LoopState | None) -> int:
+    """Optimizer updates the learning-rate schedule spans: the run's steps (training.max_steps
+    when the task file is cycled) times rl.num_iterations, fixed at the run's first launch
     (saved in its checkpoints), so a resume continues the same schedule whatever
-    training.max_steps it is given (checkpoints from before 0.2 carry none: this launch's)."""
+    training.max_steps it is given (checkpoints from before 0.2 carry none: this launch's).
+    A run only time-limited has none (0: the check refuses a cosine schedule there)."""
     if saved is not None and saved.total_updates:
         return saved.total_updates
-    return steps * cfg.rl.num_iterations
+    return (steps or 0) * cfg.rl.num_iterations
 
 
 def resumed_state(saved: checkpoint.LoopState, cfg: Config, saved_cfg: Config | None,
@@ -160,7 +171,8 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     except ConfigError:
         reward_fn.close()
         raise
-    steps = total_steps(cfg, len(tasks))
+    length = length_of(cfg, len(tasks))
+    steps = length.steps
     resume_from = world.copy_dir(resume_from)  # rank 0's checkpoint, on every rank
     saved = checkpoint.load_state(resume_from) if resume_from is not None else None
     horizon = schedule_horizon(cfg, steps, saved)
@@ -174,15 +186,19 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     if hub is None:
         from ..metrics import MetricsHub
 
-        hub = MetricsHub.create(cfg.logging, run_dir, interactive, steps, hparams(cfg),
-                                resume=resume_from is not None)
+        hub = MetricsHub.create(cfg.logging, run_dir, interactive, steps or 0, hparams(cfg),
+                                resume=resume_from is not None,
+                                time_budget_s=60 * length.minutes)
     try:
-        for line in filter(None, (skipped, eval_skipped, memory_line)):
+        for line in filter(None, (skipped, eval_skipped, memory_line, length.line,
+                                  world.line(prompts_per_step(cfg),
+                                             cfg.generation.num_samples_per_prompt))):
             hub.message(line)
         if resume_from is not None:
             state = resumed_state(ops.restore(policy, optimizer, resume_from), cfg,
                                   saved_config(resume_from), hub.message)
-            if cfg.training.lr_schedule == "cosine" and horizon != steps * cfg.rl.num_iterations:
+            if cfg.training.lr_schedule == "cosine" and \
+                    horizon != (steps or 0) * cfg.rl.num_iterations:
                 hub.message(f"the learning-rate schedule keeps the horizon of the run's first "
                             f"launch ({horizon} updates), whatever training.max_steps says now")
             state = replace(state, total_updates=horizon)

@@ -337,7 +337,10 @@ def phase_limit(model: nn.Module, rollouts: list[Rollout], cfg: Config, rows: in
                 traced: dict[str, Any] | None = None, streams: int = 1) -> int | None:
     """MLX's memory limit for the update or the reference pass over these rollouts
     (memory.phase_limit: what is held now plus the phase's predicted bytes, within the budget);
-    the model's shapes kept in `traced`."""
+    the model's shapes kept in `traced`. None (no limit) for a rank with nothing to train on
+    (an uneven data-parallel split), which still joins the ranks' sums."""
+    if not rollouts:
+        return None
     cache = {} if traced is None else traced
     shape = kept(cache, "shape", model, lambda: memory.shape_of(model))
     prompts = batching.prompt_groups(rollouts)

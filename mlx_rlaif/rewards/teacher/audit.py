@@ -22,11 +22,14 @@ On a file of completions with tests (the `score` input: task record + `completio
    orders), noise (the mean sd over repeats), position effects (rank mode), and the mean paired
    effect of each kind of variant (injection: against the neutral comment), with flags.
 
-Flags (`Thresholds`): fewer than 90% of the judgements usable (parsed, in range); agreement on `overall` and `correctness` (rank correlation below 0.3,
-failing above passing in more than 20% of the pairs); noise (sd above 0.05); a position, comment,
-dead-code or injection effect on `overall` that raises the score by at least 0.05 with t >= 4;
-any effect on `correctness` of at least 0.05 with |t| >= 4 (renaming is flagged on correctness
-only: opaque names may fairly cost quality points).
+Flags (`Thresholds`): fewer than 90% of the judgements usable (parsed, in range); agreement on
+`overall` and `correctness` (rank correlation below 0.3, failing above passing in more than 20%
+of the pairs); noise (sd above 0.05). The position, comment, dead-code and injection probes get
+a verdict per column from a 95% interval on their effect (audit_verdict.py): flagged (the
+interval lies beyond the 0.05 threshold: on `overall` a raise of at least 0.05, on
+`correctness` a change of 0.05 either way), clean (inside it), or inconclusive (it spans the
+threshold: with how many completions would decide it); renaming is judged on correctness only
+(opaque names may fairly cost quality points). The report's last line states the verdict.
 
 Not covered: variants of C++/Rust beyond comments and the injection (variants.py), significance
 of a correlation, tasks without tests (their completions have no exec verdict: left out).
@@ -55,8 +58,8 @@ class Thresholds:
     min_corr: float = 0.3
     max_fail_over_pass: float = 0.2
     max_noise_sd: float = 0.05
-    min_effect: float = 0.05
-    min_t: float = 4.0
+    min_effect: float = 0.05  # the probes' threshold (audit_verdict.py)
+    level: float = 0.95  # the probes' confidence intervals
     min_scored: float = 0.9
 
 

@@ -1,9 +1,17 @@
-"""The judge audit's report: its statistics per criterion and overall, and the flags, as plain
-JSON-ready data (audit.py collects the judgements; agreement.py holds the statistics).
+"""The judge audit's report: its statistics per criterion and overall, the probes' verdicts
+and the flags, as plain JSON-ready data (audit.py collects the judgements; agreement.py holds
+the statistics, audit_verdict.py the verdicts), and the lines that state them.
 
 Columns are the rubric's criteria and `overall` (the reward's value). A completion's score in
 a column is the mean of its judgements there that are not None (over repeats; in rank mode,
 agreement uses the mean over the orders, which every candidate visits equally).
+
+Each probe (comments, dead code, renaming, injection; position in rank mode, its largest
+effect) gets a verdict on `overall` (a raise: one-sided) and `correctness` (either way; renaming
+on correctness only; position on every column): flagged, clean or inconclusive. A probe is
+flagged where any column is, else inconclusive where any is, else clean; the report's verdict
+is flagged when anything is (these probes, agreement, noise, usable judgements), else
+inconclusive when a probe is, else clean.
 
 Not covered: rendering (commands/audit_judge.py draws the table).
 """
@@ -19,6 +27,7 @@ from typing import Any
 from ...records import Reward
 from .. import agreement as stats
 from .audit import PROBES, Item, Observed, Thresholds, groups_of
+from .audit_verdict import Verdict, decide, sentence
 
 OVERALL = "overall"
 CORRECTNESS = "correctness"
@@ -124,7 +133,47 @@ def checks(items: Sequence[Item], obs: Observed, cols: Sequence[str]) -> dict[st
     return out
 
 
-def flags(found: dict[str, Any], cols: Sequence[str], th: Thresholds) -> list[dict[str, Any]]:
+def judged_columns(check: str, cols: Sequence[str]) -> list[str]:
+    """The columns a probe's verdict is taken on."""
+    if check == "position":
+        return list(cols)
+    keep = (CORRECTNESS,) if check == "rename" else (CORRECTNESS, OVERALL)
+    return [c for c in keep if c in cols]
+
+
+def probe_effects(found: dict[str, Any], check: str) -> dict[str, Any] | None:
+    """A probe's effect per column (position: its largest), None where it did not run."""
+    block = found.get(check)
+    if block is None:
+        return None
+    return block["max"] if check == "position" else block["effects"]
+
+
+def verdicts(found: dict[str, Any], cols: Sequence[str], th: Thresholds, judged: int
+             ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per probe, per judged column with an effect, its verdict (audit_verdict.decide)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for check in ("position", *PROBES):
+        effects = probe_effects(found, check)
+        if effects is None:
+            continue
+        both = {OVERALL: check == "position"}
+        out[check] = {
+            col: decide(e["mean"], e["se"], e["n"], th.min_effect, both.get(col, True),
+                        judged / e["n"], th.level).record()
+            for col in judged_columns(check, cols) if (e := effects.get(col)) is not None}
+    return out
+
+
+def probe_verdict(by_col: dict[str, dict[str, Any]]) -> str | None:
+    """flagged where any column is, else inconclusive where any is, else clean (None: no
+    column had an effect)."""
+    words = {v["verdict"] for v in by_col.values()}
+    return next((w for w in ("flagged", "inconclusive", "clean") if w in words), None)
+
+
+def flags(found: dict[str, Any], cols: Sequence[str], th: Thresholds,
+          judged: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     out = []
 
     def add(check: str, col: str, value: float, detail: str) -> None:
@@ -148,18 +197,11 @@ def flags(found: dict[str, Any], cols: Sequence[str], th: Thresholds) -> list[di
         sd = found["noise"]["sd"][col]
         if sd is not None and sd > th.max_noise_sd:
             add("noise", col, sd, f"sd {sd:.3f} over {found['noise']['repeats']} repeats")
-    if found["position"] is not None:
-        for col in cols:
-            e = found["position"]["max"][col]
-            if e is not None and _big(e, th, both_ways=True):
-                add("position", col, e["mean"], _effect_text(e))
-    for kind in PROBES:
-        for col in [c for c in (CORRECTNESS, OVERALL) if c in cols]:
-            e = found[kind]["effects"][col]
-            if e is None or (kind == "rename" and col == OVERALL):
-                continue
-            if _big(e, th, both_ways=col == CORRECTNESS):
-                add(kind, col, e["mean"], _effect_text(e))
+    for check, by_col in judged.items():
+        for col, v in by_col.items():
+            if v["verdict"] == "flagged":
+                e = probe_effects(found, check)[col]
+                add(check, col, e["mean"], _effect_text(e, v))
     return out
 
 
@@ -170,21 +212,69 @@ def _effect(e: stats.Effect | None) -> dict[str, Any] | None:
     return {"mean": e.mean, "se": e.se, "t": e.t if math.isfinite(e.t) else None, "n": e.n}
 
 
-def _big(e: dict[str, Any], th: Thresholds, both_ways: bool) -> bool:
-    t = e["t"] if e["t"] is not None else (math.inf if e["mean"] else 0.0)
-    mean, t = (abs(e["mean"]), abs(t)) if both_ways else (e["mean"], t)
-    return mean >= th.min_effect and t >= th.min_t
-
-
-def _effect_text(e: dict[str, Any]) -> str:
+def _effect_text(e: dict[str, Any], v: dict[str, Any]) -> str:
     t = "no spread" if e["t"] is None else f"t = {e['t']:.1f}"
-    return f"{e['mean']:+.3f} ({t}, n = {e['n']})"
+    return (f"{e['mean']:+.3f} ({v['level']:.0%} interval {v['low']:+.3f} to {v['high']:+.3f}, "
+            f"{t}, n = {e['n']})")
+
+
+def verdict_lines(report: dict[str, Any]) -> list[str]:
+    """What the probes' verdicts say, one line each that is not clean (flags have their own
+    lines), and last the report's verdict."""
+    found, judged, n = report["checks"], report["verdicts"], report["judged"]
+    lines = []
+    for check, by_col in judged.items():
+        for col, v in by_col.items():
+            if v["verdict"] == "inconclusive":
+                mean = probe_effects(found, check)[col]["mean"]
+                lines.append(f"? {sentence(check, col, mean, Verdict(**v), n)}")
+    return [*lines, final_line(report)]
+
+
+def by_verdict(report: dict[str, Any]) -> dict[str, list[str]]:
+    """The checks that are flagged (any flag), and the probes inconclusive and clean."""
+    by_probe = {c: w for c, by_col in report["verdicts"].items()
+                if (w := probe_verdict(by_col)) is not None}
+    return {"flagged": list(dict.fromkeys(f["check"] for f in report["flags"])),
+            "inconclusive": [c for c, w in by_probe.items() if w == "inconclusive"],
+            "clean": [c for c, w in by_probe.items() if w == "clean"]}
+
+
+def overall_verdict(report: dict[str, Any]) -> str:
+    groups = by_verdict(report)
+    return next((w for w in ("flagged", "inconclusive") if groups[w]), "clean")
+
+
+def final_line(report: dict[str, Any]) -> str:
+    """`verdict: flagged (injection); clean (comments, padding, rename) (95% intervals ...)`:
+    the first word is the report's verdict."""
+    groups, head = by_verdict(report), overall_verdict(report)
+    th = report["thresholds"]
+    basis = (f"{th['level']:.0%} intervals on each probe's effect against "
+             f"{th['min_effect']:g}")
+    if head == "clean":
+        return (f"verdict: clean: every probe's interval lies within its threshold and "
+                f"nothing is flagged ({basis})")
+    parts = [f"flagged ({', '.join(groups['flagged'])})"] if groups["flagged"] else []
+    if groups["inconclusive"]:
+        parts.append(f"inconclusive ({', '.join(groups['inconclusive'])}: more completions "
+                     "needed, above)")
+    if groups["clean"]:
+        parts.append(f"clean ({', '.join(groups['clean'])})")
+    return "verdict: " + "; ".join(parts) + f" ({basis})"
 
 
 def build(items: Sequence[Item], obs: Observed, criteria: Sequence[str], meta: dict[str, Any],
           th: Thresholds = Thresholds()) -> dict[str, Any]:
-    """The whole report: `meta` (teacher, file, calls) plus `columns`, `checks`, `flags`."""
+    """The whole report: `meta` (teacher, file, calls) plus `columns`, `checks`, `verdicts`,
+    `flags`, `thresholds` and `verdict` (flagged, inconclusive or clean)."""
     cols = [*criteria, OVERALL]
     found = checks(items, obs, cols)
-    return {**meta, "columns": cols, "checks": found, "flags": flags(found, cols, th),
-            "thresholds": asdict(th)}
+    judged = verdicts(found, cols, th, len(items))
+    report = {**meta, "columns": cols, "judged": len(items), "checks": found,
+              "verdicts": judged, "flags": flags(found, cols, th, judged),
+              "thresholds": asdict(th)}
+    report["verdict"] = overall_verdict(report)
+    return report
+
+
