@@ -49,11 +49,12 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ...cpu.blas import blas_threads, train_threads
+from ...cpu.decode_kernels import compiled_decode_kernels
 from . import decode as eager
 from .decode import Clock, Decoded, Sampler
 
 LEN_STEP = 32  # positions the KV buffers grow by (one trace per length)
-BLAS_WIDE = int(os.environ.get("MLX_RLAIF_DECODE_BLAS_WIDE", "16"))
+BLAS_WIDE = 16  # rows from which OpenBLAS decodes on every core (CPU build; `blas_threads_for`)
 READ_EVERY = 1  # steps between two reads of the tokens (the default of `decode`)
 OPT_OUT = "MLX_RLAIF_COMPILED_DECODE"
 
@@ -69,16 +70,18 @@ def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int
            eos: Collection[int], keep_caches: bool = False,
            on_done: Callable[[Decoded, list[int]], None] | None = None,
            clock: Clock | None = None, read_every: int | None = None,
-           compiled: bool | None = None) -> Decoded:
+           compiled: bool | None = None, shared_cores: bool = False) -> Decoded:
     """decode.decode's contract (rows, EOS, `keep_caches`, `on_done`), in the compiled loop
-    where `supported` (or `compiled`) says so, else in decode.py's eager loop."""
+    where `supported` (or `compiled`) says so, else in decode.py's eager loop. `shared_cores`:
+    other work runs alongside (scoring while decoding), so OpenBLAS keeps its thread count."""
     use = supported(cache, pick) if compiled is None else compiled and supported(cache, pick)
     if not use or max_tokens < 1:
         return eager.decode(model, cache, first, max_tokens, pick, eos, keep_caches, on_done,
                             clock)
     stepper = _stepper(model, pick)
     try:
-        with blas_threads(blas_threads_for(len(first))):
+        threads = 0 if shared_cores else blas_threads_for(len(first))
+        with blas_threads(threads), compiled_decode_kernels(model):
             return _Loop(stepper, cache, first, max_tokens, eos, keep_caches, on_done,
                          clock or _no_clock, max(1, read_every or READ_EVERY)).run()
     finally:
@@ -89,7 +92,8 @@ def blas_threads_for(width: int) -> int:
     """OpenBLAS threads while the compiled loop decodes `width` rows on MLX's CPU build (0:
     leave the default, one thread on two cores): every core from `BLAS_WIDE` rows, where the
     products are tall enough to split and the host thread, waiting on the compiled step, leaves
-    its core free."""
+    its core free (not while the sandbox scores alongside: BENCHMARKS.md, "Decoding: where a
+    step goes")."""
     return train_threads() if width >= BLAS_WIDE else 0
 
 
@@ -100,15 +104,12 @@ def _no_clock(phase: str) -> None:
 class StaticKV:
     """One layer's KV cache inside the compiled step: buffers `state["k"][i]`,
     `state["v"][i]` [B, kv heads, length, head dim], each step written at position
-    `state["pos"]` (a scalar array); `state["lpad"]` [B] is each row's left padding."""
+    `state["pos"]` (a scalar array); `state["lpad"]` [B] is each row's left padding, `offset`
+    [B] each row's position (`pos - lpad`, one array for every layer)."""
 
-    def __init__(self, state: dict[str, Any], i: int) -> None:
+    def __init__(self, state: dict[str, Any], i: int, offset: mx.array) -> None:
         self.state, self.i = state, i
-
-    @property
-    def offset(self) -> mx.array:
-        """Each row's position (the RoPE offset of its token this step)."""
-        return self.state["pos"] - self.state["lpad"]
+        self.offset = offset  # each row's position (the RoPE offset of its token this step)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         s, at = self.state, self.state["pos"].reshape(1)
@@ -145,7 +146,8 @@ class _Stepper:
     def _step(self, y: mx.array, rows: mx.array, n: int) -> tuple[mx.array, mx.array]:
         """y [B] tokens in, (tokens, log-probs) [B] out; rows [B]: each position's row among
         the batch's first `n` (its uniform draw)."""
-        caches = [StaticKV(self.state, i) for i in range(len(self.state["k"]))]
+        offset = self.state["pos"] - self.state["lpad"]
+        caches = [StaticKV(self.state, i, offset) for i in range(len(self.state["k"]))]
         logits = self.model(y[:, None], cache=caches)[:, -1]
         u = None
         if self.sampler.uses_uniforms(logits.shape[-1]):

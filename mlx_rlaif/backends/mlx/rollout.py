@@ -82,14 +82,15 @@ def decoding(model: nn.Module, params: SamplingParams) -> Iterator[None]:
 def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
              params: SamplingParams, eos_ids: Sequence[int], keep_caches: bool = False,
              on_seq: Callable[[int, dict], None] | None = None,
-             compiled: bool | None = None, clock: Clock | None = None
-             ) -> tuple[list[dict], dict]:
+             compiled: bool | None = None, clock: Clock | None = None,
+             shared_cores: bool = False) -> tuple[list[dict], dict]:
     """Sample `group_size` completions per prompt. Returns per-sequence dicts (prompt-major order,
     index p * G + g) with tokens, logprobs, finish_reason (and with `keep_caches` the row's
     per-layer KV cache, for a conversation to continue from), and stats. `on_seq(index, seq)`
     sees each sequence as soon as it ends, while the others still decode. `compiled`: the
     decode loop (None: compiled where it applies, `compiled_decode.supported`); `clock`: the
-    loop's per-step phase hook (tools/profile_decode.py)."""
+    loop's per-step phase hook (tools/profile_decode.py); `shared_cores`: other work (scoring)
+    runs while it decodes."""
     n = len(prompts_P) * group_size
     prompt_of = [i // group_size for i in range(n)]
     pick = picker(params.temperature, params.top_p, params.top_k)
@@ -109,7 +110,8 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
                 else merged_cache(row_caches[rows])
             parts.append(decode(model, cache, [prompts_P[p][-1] for p in prompt_of[rows]],
                                 params.max_new_tokens, pick, set(eos_ids), keep_caches,
-                                _reporter(on_seq, rows.start), clock, compiled=compiled))
+                                _reporter(on_seq, rows.start), clock, compiled=compiled,
+                                shared_cores=shared_cores))
     return _seqs(parts, time.perf_counter() - tic)
 
 
@@ -264,5 +266,6 @@ def sample(model: nn.Module, tokenizer: Any, tasks: Sequence[Task], params: Samp
         if on_group is not None and all(r is not None for r in group):
             on_group(group)
 
-    _, stats = generate(model, prompts_P, group_size, params, eos, on_seq=on_seq)
+    _, stats = generate(model, prompts_P, group_size, params, eos, on_seq=on_seq,
+                        shared_cores=on_group is not None)
     return built, stats
