@@ -51,15 +51,17 @@ def test_arithmetic_by_hand() -> None:
     # the update of 4 rows: hidden states and their gradient (2 x 416 x 64 floats) + the
     # prompt's keys and values gathered to the 4 rows (2 layers x 2 x 32 floats x 20
     # positions) + kept activations + one block's scores (3 copies, 4 heads, 104 x 124) + the
-    # loss's 6 chunks of 1 prompt x 20 + 416 positions: all at once (one pass)
+    # loss's 4 chunks of 1 prompt x 20 + 416 positions: all at once (one pass); 6 where the
+    # entropies are differentiated (the backward pass recomputes the logits)
     body = 416 * 2 * 3584 + 3 * 4 * 4 * 4 * 104 * 124
-    head = 6 * 4 * 4096 * 436
-    expected = 2 * 416 * 64 * 4 + 2 * 2 * 32 * 4 * 4 * 20 + body + head
-    assert memory.update_bytes(S, W, 4, False) == expected
-    # more positions than a chunk: 6 chunks of 4,096 positions in flight beside the activations
+    expected = 2 * 416 * 64 * 4 + 2 * 2 * 32 * 4 * 4 * 20 + body
+    assert memory.update_bytes(S, W, 4, False) == expected + 4 * 4 * 4096 * 436
+    assert memory.update_bytes(S, replace(W, entropy_grad=True), 4, False) == (
+        expected + 6 * 4 * 4096 * 436)
+    # more positions than a chunk: 4 chunks of 4,096 positions in flight beside the activations
     long = replace(W, new_tokens=2047, train_rows=4)  # 2048 positions a row, 8,192 in all
     body = 8192 * 2 * 3584 + 3 * 4 * 4 * 4 * 2048 * 2068
-    head = 6 * 4 * 4096 * 4096
+    head = 4 * 4 * 4096 * 4096
     assert memory.update_bytes(S, long, 4, False) == (
         2 * 8192 * 64 * 4 + 2 * 2 * 32 * 4 * 4 * 20 + body + head)
     # a chunk of 128 MB (a 32 GB budget: 1/256) holds twice the positions

@@ -2,7 +2,7 @@
 
     python tools/profile_update.py --shape tiny --tokens 128 --rows 2,8 --json .bench/profile.json
     python tools/profile_update.py --shape 0.5b --dtype bfloat16 --tokens 128,256,512,1024 \
-        --rows 2,8 --json OUT --train-only      # the plan's bfloat16 check (a GPU)
+        --rows 1,4 --memory --json OUT      # the plan's bfloat16 check (a GPU)
 
 For each completion length: P x G synthetic rollouts (random tokens after P random prompts of
 `--prompt-tokens`, every completion full length) on a random-weight model of the shape
@@ -15,7 +15,8 @@ and backward (the update's gradient function), the backward (that minus the two 
 derived), the optimizer step; with the chunk count, whether the gradient function is compiled,
 and the traces the update made (`compile/traces`, where the code reports it). Each phase's MLX
 peak sits beside it; the plan's predicted peaks of the reference pass and the update
-(`backends/mlx/memory.py`) beside the measured ones, and the ratio is printed per length.
+(`backends/mlx/memory.py`) beside the measured ones, and the ratio is printed per length
+(`--memory`: that check alone, as `--train-only`; tools/gpu_check.py's memory stage).
 
 Results merge into `--json` under `{shape}_{dtype}_{P}x{G}x{T}`, with the device and the code's
 commit. Times: the first step is cold (traces, kernel compilation), the rest warm (median).
@@ -62,13 +63,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--prompt-tokens", type=int, default=48)
     ap.add_argument("--steps", type=int, default=3, help="reference + update, each timed")
     ap.add_argument("--train-only", action="store_true", help="no per-phase breakdown")
+    ap.add_argument("--memory", action="store_true",
+                    help="the memory check: predicted vs measured peak per length, no "
+                         "per-phase breakdown (--train-only)")
     ap.add_argument("--reference-once", action="store_true",
                     help="one reference pass, then --steps updates (long CPU runs)")
     ap.add_argument("--budget-gb", type=float, default=0.0, help="0: the device's (memory.py)")
     ap.add_argument("--set", action="append", default=[], help="config overrides (key=value)")
     ap.add_argument("--model-dir", default="", help="a model directory (default: built once)")
     ap.add_argument("--json", default="", help="merge the results into this file")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    a.train_only = a.train_only or a.memory
+    return a
 
 
 def model_dir(a: argparse.Namespace) -> str:

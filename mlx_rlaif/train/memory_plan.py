@@ -37,7 +37,8 @@ def work_of(cfg: Config, prompt_len: int) -> memory.Work:
     return memory.Work(prompts=cfg.training.batch_size,
                        group=cfg.generation.num_samples_per_prompt, prompt_len=prompt_len,
                        new_tokens=cfg.generation.max_new_tokens,
-                       train_rows=micro_batch_size(cfg) or batch_sequences(cfg))
+                       train_rows=micro_batch_size(cfg) or batch_sequences(cfg),
+                       entropy_grad=cfg.rl.entropy_coef != 0)
 
 
 def fused_bytes(model: Any, cfg: Config) -> int:

@@ -1,28 +1,35 @@
-"""The batched decode loop of the MLX rollouts: rows decode together over a merged mlx-lm cache.
+"""The eager batched decode loop of the MLX rollouts, the sampler, and what both loops share.
 
 `decode(model, cache, first, max_tokens, pick, eos)` runs one model call per step for every row
 still decoding; the next step is queued (`mx.async_eval`) before the current one is read, so
 building a step's graph overlaps the previous step's compute. A row that samples an EOS id stops
 ("stop", the EOS kept), the others stop after `max_tokens` ("length"); finished rows are filtered
-out of the cache (mlx-lm's `filter`), so the width shrinks as rows end.
+out of the cache (mlx-lm's `filter`), so the width shrinks as rows end. It is the loop for
+caches other than plain KV caches (rotating windows, state-space layers) and the reference the
+compiled loop (`compiled_decode.py`, what rollouts use where it applies) is checked against.
 
-`picker(temperature, top_p, top_k)` gives the per-step sampler: the token of each row and its
+`picker(temperature, top_p, top_k)` gives the sampler (`Sampler`): the token of each row and its
 log-probability at the sampling temperature over the full distribution (before top-p/top-k
 truncation). Plain temperature sampling draws by inverting the cumulative distribution after one
 exponential pass over the vocabulary, one compiled kernel (on MLX's CPU backend, behind the
 `cpu` gate, the exponential is `cpu.kernels.sampler_exp`, vectorized); top-p and top-k take
-mlx-lm's sampler; temperature 0 is greedy, with log-probs at temperature 1.
+mlx-lm's sampler; temperature 0 is greedy, with log-probs at temperature 1. `Sampler.draw` takes
+the uniform numbers from the caller (the compiled loop draws them per row).
 
 Why not mlx-lm's `BatchGenerator`: it takes a `logsumexp` and its sampler a Gumbel draw (three
 vocabulary-sized transcendental passes a step, ~20% of a decode step of a small model on MLX's
 CPU backend), and its continuous batching is not needed when all rows start together
 (BENCHMARKS.md has the A/B). The caches, their merging and filtering are mlx-lm's.
 
+`clock`, where given, is called with a phase name at each phase boundary of a step ("build",
+"dispatch", "read", "book"): tools/profile_decode.py's per-step breakdown.
+
 Not covered: stop strings, logits processors, rows joining a running batch.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,6 +44,7 @@ from ...cpu.kernels import sampler_exp
 from .loss import exp
 
 Pick = Callable[[mx.array], tuple[mx.array, mx.array]]
+Clock = Callable[[str], None]  # called with a phase name at each phase boundary of a step
 
 
 @dataclass
@@ -50,34 +58,61 @@ class Decoded:
     caches: list[Any] = field(default_factory=list)  # per row, when kept: its per-layer KVCache
 
 
-def picker(temperature: float, top_p: float = 1.0, top_k: int = 0) -> Pick:
+@functools.cache
+def _truncating(temperature: float, top_p: float, top_k: int, vocab: int) -> Any:
+    """mlx-lm's sampler where top-p / top-k truncate (a top-k of the whole vocabulary does not),
+    else None."""
+    k = top_k if top_k < vocab else 0
+    if temperature > 0 and (top_p < 1 or k):
+        return make_sampler(temperature, top_p=top_p if top_p < 1 else 0.0, top_k=k)
+    return None
+
+
+@dataclass(frozen=True)
+class Sampler:
     """logits [B, V] -> (tokens [B], log-probs [B] at `temperature`, full distribution)."""
-    scale = 1.0 / temperature if temperature > 0 else 1.0
-    samplers: dict[int, Any] = {}
 
-    def truncating(vocab: int) -> Any:
-        """mlx-lm's sampler where top-p / top-k truncate (a top-k of the whole vocabulary does
-        not), else None."""
-        if vocab not in samplers:
-            k = top_k if top_k < vocab else 0
-            samplers[vocab] = make_sampler(temperature, top_p=top_p if top_p < 1 else 0.0,
-                                           top_k=k) if temperature > 0 and (top_p < 1 or k) \
-                else None
-        return samplers[vocab]
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
 
-    def pick(logits: mx.array) -> tuple[mx.array, mx.array]:
-        sampler = truncating(logits.shape[-1])
-        if temperature > 0 and sampler is None:  # plain temperature sampling: one kernel
+    @property
+    def scale(self) -> float:
+        return 1.0 / self.temperature if self.temperature > 0 else 1.0
+
+    def __call__(self, logits: mx.array) -> tuple[mx.array, mx.array]:
+        u = None
+        if self.temperature > 0 and self._sampler(logits) is None:
             u = mx.random.uniform(shape=(logits.shape[0], 1))
-            return (_draw_cpu if cpu.active() else _draw)(logits, u, scale)
-        z, cdf = _cdf(logits, scale, exp)
+        return self.draw(logits, u)
+
+    def draw(self, logits: mx.array, u: mx.array | None) -> tuple[mx.array, mx.array]:
+        """The sampler with the uniform numbers `u` [B, 1] of plain temperature sampling given
+        (ignored by greedy and truncated sampling, which draw their own)."""
+        sampler = self._sampler(logits)
+        if self.temperature > 0 and sampler is None:  # plain temperature sampling: one kernel
+            return (_draw_cpu if cpu.active() else _draw)(logits, u, self.scale)
+        z, cdf = _cdf(logits, self.scale, exp)
         if sampler is not None:  # takes log-probs at temperature 1
             tok = sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
         else:
             tok = mx.argmax(z, axis=-1)
         return _with_logp(tok, z, cdf)
 
-    return pick
+    def uses_uniforms(self, vocab: int) -> bool:
+        """Whether `draw` reads its `u` (plain temperature sampling) at this vocabulary size."""
+        return self.temperature > 0 and self._sampler_for(vocab) is None
+
+    def _sampler(self, logits: mx.array) -> Any:
+        return self._sampler_for(logits.shape[-1])
+
+    def _sampler_for(self, vocab: int) -> Any:
+        return _truncating(self.temperature, self.top_p, self.top_k, vocab)
+
+
+def picker(temperature: float, top_p: float = 1.0, top_k: int = 0) -> Sampler:
+    """The sampler of these sampling parameters."""
+    return Sampler(float(temperature), float(top_p), int(top_k))
 
 
 def _cdf(logits: mx.array, scale: float, exp: Callable[[mx.array], mx.array]
@@ -114,7 +149,8 @@ def merged_cache(caches: list[list[Any]]) -> list[Any]:
 
 def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int, pick: Pick,
            eos: Collection[int], keep_caches: bool = False,
-           on_done: Callable[[Decoded, list[int]], None] | None = None) -> Decoded:
+           on_done: Callable[[Decoded, list[int]], None] | None = None,
+           clock: Clock | None = None) -> Decoded:
     """Decode `len(first)` rows, each from its last prompt token, over `cache` (merged). With
     `keep_caches`, each row's cache is cut out of the batch when it ends (mlx-lm's `extract`),
     for a conversation to continue from: it holds a prefix of the row's prompt + tokens.
@@ -130,10 +166,13 @@ def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int
             on_done(out, list(range(n)))
         return out
     rows = list(range(n))  # the row of each batch position
+    tick = clock or _no_clock
 
     def step(y: mx.array) -> tuple[mx.array, mx.array]:
         nxt = pick(model(y[:, None], cache=cache)[:, -1])
+        tick("build")
         mx.async_eval(*nxt)
+        tick("dispatch")
         return nxt
 
     y, lp = step(mx.array(first, dtype=mx.uint32))
@@ -141,13 +180,16 @@ def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int
         more = t + 1 < max_tokens
         if more:
             y_next, lp_next = step(y)
-        keep = _record(out, rows, y.tolist(), lp.tolist(), eos)
+        toks, lps = y.tolist(), lp.tolist()
+        tick("read")
+        keep = _record(out, rows, toks, lps, eos)
         ended = [j for j in range(len(rows)) if j not in keep or not (more and keep)]
         if keep_caches:
             _keep(out, cache, rows, ended)
         if on_done is not None and ended:
             on_done(out, [rows[j] for j in ended])
         if not (more and keep):
+            tick("book")
             break
         if len(keep) < len(rows):
             for c in cache:
@@ -155,8 +197,13 @@ def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int
             idx = mx.array(keep)
             y_next, lp_next = y_next[idx], lp_next[idx]
             rows = [rows[j] for j in keep]
+        tick("book")
         y, lp = y_next, lp_next
     return out
+
+
+def _no_clock(phase: str) -> None:
+    return None
 
 
 def _keep(out: Decoded, cache: list[Any], rows: list[int], ended: list[int]) -> None:

@@ -8,13 +8,16 @@ tokens: 2.5 GB each). So the model is split into its transformer (`body`) and it
 head (`head`: `lm_head`, or the tied embedding's `as_linear`, quantized in a 4-bit model; never
 a re-implementation), and the log-probs and entropies are computed a chunk of positions at a
 time (`head_logprobs`: at most `limit_mb` MB of float32 logits a chunk, the budget's share:
-memory.logits_chunk_mb), inside the gradient, as one custom function whose backward pass
-recomputes each chunk's logits (Cut Cross-Entropy's aim, by recomputation): one pass of the
+memory.logits_chunk_mb), inside the gradient, as one custom function: one pass of the
 transformer per micro-batch, nothing evaluated inside the transformation, the chunks chained
-with `mx.depends` so that they run one after the other. MLX still allocates ahead of the
-computation; the update's memory limit (memory.limited) bounds how far
-(tests/test_chunked_loss.py checks values and gradients against the full computation, the
-single transformer pass, and the memory).
+with `mx.depends` so that they run one after the other. Where the entropies carry no gradient
+(no entropy bonus, the default) each chunk's d logp / d hidden is taken in the forward pass
+from the logits at hand and the backward pass only scales it (two of the head's matmuls per
+chunk, not three); with an entropy bonus the backward pass recomputes each chunk's logits (Cut
+Cross-Entropy's aim, by recomputation). MLX still allocates ahead of the computation; the
+update's memory limit (memory.limited) bounds how far (tests/test_chunked_loss.py checks
+values and gradients against the full computation, the single transformer pass, and the
+memory).
 
 Speed: the vocabulary-sized work (log-softmax and entropy over [N, T, V]) dominates the loss on
 small models, so `logprobs_and_entropy` does a single exp pass over the logits, and on MLX's CPU
@@ -85,48 +88,99 @@ def chunk_slices(split: Split, positions: int, limit_mb: float | None = None) ->
 
 
 def head_logprobs(split: Split, hidden: mx.array, targets: mx.array, temperature: float,
-                  limit_mb: float | None = None) -> tuple[mx.array, mx.array]:
+                  limit_mb: float | None = None, entropy_grad: bool = True
+                  ) -> tuple[mx.array, mx.array]:
     """(log-probs, entropies) [N, W] of `targets` [N, W] under the head applied to `hidden`
     [N, W, D], a chunk of positions at a time (`chunk_slices`), differentiable with respect to
-    `hidden`, lazily: nothing is evaluated here.
-
-    One custom function over all chunks (`mx.custom_function`): its forward keeps no logits for
-    the backward pass; its backward recomputes each chunk's logits and takes their gradient. The
-    chunks are chained with `mx.depends`, in the forward (chunk k + 1 after chunk k's results)
-    and in the backward (chunk k + 1's recomputation after chunk k's gradient, the first after
-    the cotangents exist), so MLX, which schedules independent branches of a graph together,
-    holds one chunk's vocabulary-sized arrays at a time, and never recomputes a chunk during the
-    forward pass. Logits that fit one chunk are differentiated as they are (not recomputed)."""
+    `hidden`, lazily: nothing is evaluated here. Without `entropy_grad` the entropies carry no
+    gradient (the objective's entropy_coef 0: `rl_loss`) and the log-probs' gradient is taken
+    in the forward pass (`logp_gradient_chained`: a third less of the head's work); else
+    `recomputed_chained`. Logits that fit one chunk are differentiated as they are."""
     n, w, d = hidden.shape
     slices = chunk_slices(split, n * w, limit_mb)
-    flat_t = targets.reshape(n * w)
-
-    def stats(h: mx.array, s: slice) -> tuple[mx.array, mx.array]:
-        return logprobs_and_entropy(split.head(h), flat_t[s], temperature)
-
     if len(slices) == 1:  # within one chunk: the logits kept for the backward pass
-        return logprobs_and_entropy(split.head(hidden), targets, temperature)
+        logp, entropy = logprobs_and_entropy(split.head(hidden), targets, temperature)
+        return logp, (entropy if entropy_grad else mx.stop_gradient(entropy))
+    chained = recomputed_chained if entropy_grad else logp_gradient_chained
+    logp, entropy = chained(split.head, hidden.reshape(n * w, d), targets.reshape(n * w),
+                            temperature, slices)
+    return logp.reshape(n, w), entropy.reshape(n, w)
+
+
+def recomputed_chained(head: Callable[[mx.array], mx.array], h: mx.array, targets: mx.array,
+                       temperature: float, slices: list[slice]) -> tuple[mx.array, mx.array]:
+    """(log-probs, entropies) [M] of `targets` [M] under `head` on `h` [M, D], differentiable
+    for both: one custom function over all chunks (`mx.custom_function`) whose forward keeps no
+    logits for the backward pass; its backward recomputes each chunk's logits and takes their
+    gradient. The chunks are chained with `mx.depends`, in the forward (chunk k + 1 after chunk
+    k's results) and in the backward (chunk k + 1's recomputation after chunk k's gradient, the
+    first after the cotangents exist), so MLX, which schedules independent branches of a graph
+    together, holds one chunk's vocabulary-sized arrays at a time, and never recomputes a chunk
+    during the forward pass."""
+    def stats(x: mx.array, s: slice) -> tuple[mx.array, mx.array]:
+        return logprobs_and_entropy(head(x), targets[s], temperature)
 
     @mx.custom_function
-    def chained(h: mx.array) -> tuple[mx.array, mx.array]:
+    def chained(x: mx.array) -> tuple[mx.array, mx.array]:
         parts: list[tuple[mx.array, mx.array]] = []
         for s in slices:
-            parts.append(stats(after(h[s], list(parts[-1]) if parts else []), s))
+            parts.append(stats(after(x[s], list(parts[-1]) if parts else []), s))
         return (mx.concatenate([p[0] for p in parts]), mx.concatenate([p[1] for p in parts]))
 
     @chained.vjp
-    def chained_vjp(h: mx.array, cotangents: tuple[mx.array, mx.array], outputs: Any
+    def chained_vjp(x: mx.array, cotangents: tuple[mx.array, mx.array], outputs: Any
                     ) -> mx.array:
         g_logp, g_ent = cotangents
         grads: list[mx.array] = []
         for s in slices:
-            x = after(h[s], grads[-1:] or [g_logp, g_ent])
-            _, (dh,) = mx.vjp(lambda x, s=s: stats(x, s), [x], [g_logp[s], g_ent[s]])
+            xs = after(x[s], grads[-1:] or [g_logp, g_ent])
+            _, (dh,) = mx.vjp(lambda y, s=s: stats(y, s), [xs], [g_logp[s], g_ent[s]])
             grads.append(dh)
         return mx.concatenate(grads)
 
-    logp, entropy = chained(hidden.reshape(n * w, d))
-    return logp.reshape(n, w), entropy.reshape(n, w)
+    return chained(h)
+
+
+def logp_gradient_chained(head: Callable[[mx.array], mx.array], h: mx.array, targets: mx.array,
+                          temperature: float, slices: list[slice]
+                          ) -> tuple[mx.array, mx.array]:
+    """(log-probs, entropies) [M] of `targets` [M] under `head` on `h` [M, D], the log-probs
+    differentiable, the entropies not. A position's log-prob depends on its own hidden state
+    only, so its gradient is that of the log-prob times the cotangent: the forward pass takes
+    each chunk's d logp / d h [C, D] from the logits it has (`logp_and_gradient`: one
+    transposed matmul, no recomputation) and the backward pass is their product with the
+    cotangents. The chunks are chained with `mx.depends` (chunk k + 1 after chunk k's results):
+    one chunk's vocabulary-sized arrays at a time."""
+    @mx.custom_function
+    def chained(x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        parts: list[tuple[mx.array, mx.array, mx.array]] = []
+        for s in slices:
+            parts.append(logp_and_gradient(head, after(x[s], list(parts[-1]) if parts else []),
+                                           targets[s], temperature))
+        return tuple(mx.concatenate([p[i] for p in parts]) for i in range(3))
+
+    @chained.vjp
+    def chained_vjp(x: mx.array, cotangents: tuple[mx.array, ...], outputs: Any) -> mx.array:
+        return (cotangents[0][:, None] * outputs[2]).astype(x.dtype)
+
+    logp, entropy, _ = chained(h)
+    return logp, mx.stop_gradient(entropy)
+
+
+def logp_and_gradient(head: Callable[[mx.array], mx.array], x: mx.array, targets: mx.array,
+                      temperature: float) -> tuple[mx.array, mx.array, mx.array]:
+    """(log-probs [C], entropies [C], d logp / d x [C, D]) of `targets` under `head` on `x`
+    [C, D]: d logp / d logits = (onehot(target) - softmax) / T, taken through the head's own
+    vector-Jacobian product (a transposed matmul: quantized or tied heads alike)."""
+    logits = head(x)
+    logp, entropy, e, total = softmax_parts(logits, targets, temperature)
+    minus_p = -e / total[:, None]
+    at_target = mx.take_along_axis(minus_p, targets[:, None], axis=-1) + 1.0
+    d_logits = mx.put_along_axis(minus_p, targets[:, None], at_target, axis=-1)
+    if temperature != 1.0:
+        d_logits = d_logits / temperature
+    _, (d_x,) = mx.vjp(head, [x], [d_logits.astype(logits.dtype)])
+    return logp, entropy, d_x
 
 
 def after(x: mx.array, dependencies: list[mx.array]) -> mx.array:
@@ -158,6 +212,14 @@ def logprobs_and_entropy(logits: mx.array, targets: mx.array, temperature: float
 
     logits: [..., V], targets: [...] -> (logp [...], entropy [...]).
     """
+    logp, entropy, _, _ = softmax_parts(logits, targets, temperature)
+    return logp, entropy
+
+
+def softmax_parts(logits: mx.array, targets: mx.array, temperature: float
+                  ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """(logp [...], entropy [...], e [..., V], s [...]): e = exp(z - max z), z = logits / T in
+    float32, s = sum e, so softmax = e / s."""
     z = logits.astype(mx.float32)
     if temperature != 1.0:
         z = z / temperature
@@ -167,7 +229,7 @@ def logprobs_and_entropy(logits: mx.array, targets: mx.array, temperature: float
     log_s = mx.log(s)
     logp = mx.take_along_axis(z, targets[..., None], axis=-1)[..., 0] - log_s
     entropy = log_s - (e * z).sum(axis=-1) / s  # -sum p log p, p = e / s, log p = z - log s
-    return logp, entropy
+    return logp, entropy, e, s
 
 
 def rl_loss(model: nn.Module, mb: dict[str, mx.array], rl: Any, kl_penalty: mx.array,
@@ -187,7 +249,8 @@ def rl_loss(model: nn.Module, mb: dict[str, mx.array], rl: Any, kl_penalty: mx.a
                                              temperature)
     else:
         hidden = shared_prompt.batch_logits(split.body, mb)
-        logp, entropy = head_logprobs(split, hidden, targets, temperature, limit_mb)
+        logp, entropy = head_logprobs(split, hidden, targets, temperature, limit_mb,
+                                      entropy_grad=rl.entropy_coef != 0)
         if "returns" in mb:
             values = model.value_head(hidden)
     if rl.entropy_coef == 0:

@@ -64,7 +64,8 @@ LOGITS_CHUNK_SHARE = 1 / 256  # one chunk's float32 logits: this share of the bu
 COMPILE_SHARE = 1 / 16  # a micro-batch's float32 logits up to this share: the update compiled
 COMPILE_MAX_LOGITS_MB = 64  # ... or up to this, whichever is more (the size without a budget)
 CACHE_CLEAR_SHARE = 0.1  # Metal: clear MLX's buffer cache past this share of the budget
-HEAD_CHUNKS_UPDATE = 6  # chunk-sized buffers the head holds beside the activations (measured)
+HEAD_CHUNKS_UPDATE = 4  # chunk-sized buffers the head holds beside the activations (measured)
+HEAD_CHUNKS_RECOMPUTED = 6  # ... where the entropies are differentiated (logits recomputed)
 HEAD_CHUNKS_REFERENCE = 5  # ... in the reference pass (measured)
 SCORE_COPIES = 3  # score-sized arrays the attention of one block holds at once (measured)
 STEP_BUFFERS = 4  # vocabulary-sized float32 arrays per row of a decoding step (logits, sampler)
@@ -102,6 +103,7 @@ class Work:
     new_tokens: int
     train_rows: int
     chunk_mb: float = LOGITS_CHUNK_MB  # float32 logits of one head chunk (logits_chunk_mb)
+    entropy_grad: bool = False  # the update differentiates the entropies (rl.entropy_coef > 0)
 
     @property
     def rows(self) -> int:
@@ -181,14 +183,16 @@ def update_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
     (loss.rl_loss): the hidden states and their gradient, the prompts' keys and values gathered
     to the rows, the kept activations (every block's, or each block's input plus the recomputed
     block's with checkpointing) with one block's attention scores, and beside them the head's
-    chunks in flight (MLX's evaluation runs ahead of the computation: `limited`)."""
+    chunks in flight (MLX's evaluation runs ahead of the computation: `limited`), more where
+    the backward pass recomputes them (`Work.entropy_grad`: loss.head_logprobs)."""
     positions = rows * w.width
     own = min(w.prompts, -(-rows // w.group)) * w.prompt_len + positions
     prefix = 2 * s.layers * s.kv_heads * s.head_dim * s.act_bytes * rows * w.prompt_len
     hidden = 2 * positions * s.hidden * s.act_bytes
     body = (activation_bytes(s, w, rows, checkpoint)
             + scores_bytes(s, rows, w.width, w.width + w.prompt_len))
-    return hidden + prefix + body + head_bytes(s, w, own, HEAD_CHUNKS_UPDATE)
+    chunks = HEAD_CHUNKS_RECOMPUTED if w.entropy_grad else HEAD_CHUNKS_UPDATE
+    return hidden + prefix + body + head_bytes(s, w, own, chunks)
 
 
 def activation_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:

@@ -17,8 +17,9 @@ model's context.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -30,7 +31,8 @@ from ...records import Rollout, Task, Turn
 from ..batch import chunks
 from ..sampling import Reply, SamplingParams, prompt_formatter
 from . import shared_prompt
-from .decode import decode, merged_cache, picker
+from .compiled_decode import decode
+from .decode import Clock, merged_cache, picker
 from .policy import lora_fused
 
 
@@ -68,19 +70,32 @@ def _rows(cache: list[BatchKVCache], rows: list[int]) -> list[BatchKVCache]:
     return out
 
 
+@contextlib.contextmanager
+def decoding(model: nn.Module, params: SamplingParams) -> Iterator[None]:
+    """The model as rollouts decode it: LoRA fused where `params` allows, and on MLX's CPU
+    build the CPU kernels."""
+    with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model), \
+            decode_rope(model):
+        yield
+
+
 def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
              params: SamplingParams, eos_ids: Sequence[int], keep_caches: bool = False,
-             on_seq: Callable[[int, dict], None] | None = None) -> tuple[list[dict], dict]:
+             on_seq: Callable[[int, dict], None] | None = None,
+             compiled: bool | None = None, clock: Clock | None = None,
+             shared_cores: bool = False) -> tuple[list[dict], dict]:
     """Sample `group_size` completions per prompt. Returns per-sequence dicts (prompt-major order,
     index p * G + g) with tokens, logprobs, finish_reason (and with `keep_caches` the row's
     per-layer KV cache, for a conversation to continue from), and stats. `on_seq(index, seq)`
-    sees each sequence as soon as it ends, while the others still decode."""
+    sees each sequence as soon as it ends, while the others still decode. `compiled`: the
+    decode loop (None: compiled where it applies, `compiled_decode.supported`); `clock`: the
+    loop's per-step phase hook (tools/profile_decode.py); `shared_cores`: other work (scoring)
+    runs while it decodes."""
     n = len(prompts_P) * group_size
     prompt_of = [i // group_size for i in range(n)]
     pick = picker(params.temperature, params.top_p, params.top_k)
     tic = time.perf_counter()
-    with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model), \
-            decode_rope(model):
+    with decoding(model, params):
         batched = params.prefill_once and shared_prompt.supported(model)  # plain KV caches
         if batched:
             prefilled = prefill_batch(model, prompts_P)
@@ -95,7 +110,8 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
                 else merged_cache(row_caches[rows])
             parts.append(decode(model, cache, [prompts_P[p][-1] for p in prompt_of[rows]],
                                 params.max_new_tokens, pick, set(eos_ids), keep_caches,
-                                _reporter(on_seq, rows.start)))
+                                _reporter(on_seq, rows.start), clock, compiled=compiled,
+                                shared_cores=shared_cores))
     return _seqs(parts, time.perf_counter() - tic)
 
 
@@ -120,8 +136,7 @@ def continue_rows(model: nn.Module, caches: list[list[Any]], sequences: list[lis
     for a further turn."""
     pick = picker(params.temperature, params.top_p, params.top_k)
     tic = time.perf_counter()
-    with lora_fused(model, params.fuse_lora_max_mb * 2**20), fast_cpu_kernels(model), \
-            decode_rope(model):
+    with decoding(model, params):
         for cache, seq in zip(caches, sequences, strict=True):
             rest = list(seq[cache[0].offset:-1])
             if rest:
@@ -251,5 +266,6 @@ def sample(model: nn.Module, tokenizer: Any, tasks: Sequence[Task], params: Samp
         if on_group is not None and all(r is not None for r in group):
             on_group(group)
 
-    _, stats = generate(model, prompts_P, group_size, params, eos, on_seq=on_seq)
+    _, stats = generate(model, prompts_P, group_size, params, eos, on_seq=on_seq,
+                        shared_cores=on_group is not None)
     return built, stats

@@ -19,7 +19,8 @@ run eagerly. The reference pass is not compiled; on the CPU (the `cpu` gate) it 
 two streams (`reference_logprobs`).
 
 The loss runs the transformer once per micro-batch (loss.rl_loss: the head's log-probs a chunk
-at a time inside the gradient, each chunk's logits recomputed in the backward pass). Both the
+at a time inside the gradient, their gradient taken in the forward pass, or with an entropy
+bonus each chunk's logits recomputed in the backward pass). Both the
 update and the reference pass run under an MLX memory limit of what is held plus the phase's
 predicted bytes (`memory.limited`): MLX evaluates ahead of the computation and would otherwise
 allocate a micro-batch's chunks all at once. Gradient checkpointing per block
@@ -346,7 +347,8 @@ def phase_limit(model: nn.Module, rollouts: list[Rollout], cfg: Config, rows: in
     prompts = batching.prompt_groups(rollouts)
     work = memory.Work(len(prompts), max(len(g) for g in prompts),
                        max(len(r.prompt_tokens) for r in rollouts),
-                       max(len(r.tokens) for r in rollouts), rows)
+                       max(len(r.tokens) for r in rollouts), rows,
+                       entropy_grad=cfg.rl.entropy_coef != 0)
     return memory.phase_limit(shape, work, rows, cfg.training.grad_checkpoint == "on", phase,
                               mx.get_active_memory(), budget_of(cfg), streams)
 
