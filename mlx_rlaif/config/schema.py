@@ -259,10 +259,12 @@ class RLConfig:
     value_coef: float = opt(0.5, "gae: weight of the value loss.", _nonneg)
     value_clip: float = opt(0.2, "gae: clip of the value loss around the old values (0: "
                             "unclipped).", _nonneg)
-    reference: Literal["base", "ema", "periodic"] = opt(
-        "base", "The KL reference: the frozen base (LoRA bypassed), or the base plus a slowly "
-        "moving copy of the adapters: an EMA of them (ema), or a copy refreshed every "
-        "ref_update_every steps (periodic). Adapter-sized memory, no second model.")
+    reference: Literal["base", "ema", "periodic", "initial"] = opt(
+        "base", "The KL reference: the frozen base (LoRA bypassed), or the base plus a copy of "
+        "the adapters: a slowly moving one, an EMA of them (ema) or a copy refreshed every "
+        "ref_update_every steps (periodic), or the frozen adapters the run started from "
+        "(initial: lora.init_adapter, e.g. the SFT model; never updated). With a quantized base "
+        "that is the quantized base plus the copy. Adapter-sized memory, no second model.")
     ref_ema_decay: float = opt(0.99, "reference ema: the copy's decay per step.", _unit)
     ref_update_every: int = opt(50, "reference periodic: steps between refreshes.", _pos)
 
