@@ -182,3 +182,34 @@ def test_the_shipped_pipeline_runs_sft_then_rl_from_its_adapters(tmp_path):
             .read_text().splitlines()]
     kl = [r["kl/mean"] for r in rows if "kl/mean" in r]
     assert kl and abs(kl[0]) < 1e-5, kl
+
+
+def test_the_learning_report_pairs_the_warm_start_with_the_sft_control(tmp_path, monkeypatch,
+                                                                      capsys):
+    """tools/learning.py report: rows of one arm at two budgets stay apart, and each sft+rl
+    seed is compared with the sft control's run of the same seed and minutes (by hand: pass@1
+    16 - 10 = +6, 13 - 12 = +1: mean +3.5; the RL phase's own gains 4 and 2: +3.0)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import learning
+
+    monkeypatch.setattr(learning, "WORK", tmp_path)
+    scores = {"pass@1": 0.2, "pass@8": 0.3, "greedy": 0.25, "tasks": 56}
+    (tmp_path / "frozen.json").write_text(json.dumps({"before_eval": scores}))
+
+    def row(arm, seed, minutes, p1, **more):
+        gains = {"gain/pass@1": p1, "gain/pass@8": p1 / 2, "gain/greedy": p1 * 2}
+        return {"arm": arm, "seed": seed, "on": "eval", "minutes": minutes, "max_steps": 0,
+                "steps": 5, **gains, **more}
+
+    warm = {"sft_gain/pass@1": 0.0, "rl_gain/pass@8": 0.0, "rl_gain/greedy": 0.0}
+    rows = [row("sft", 0, 3, 10.0), row("sft", 1, 3, 12.0), row("sft", 0, 15, 30.0),
+            row("sft+rl+share=0.5", 0, 3, 16.0, **warm, **{"rl_gain/pass@1": 4.0}),
+            row("sft+rl+share=0.5", 1, 3, 13.0, **warm, **{"rl_gain/pass@1": 2.0})]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    learning.report(type("Args", (), {"on": "eval"})())
+    out = capsys.readouterr().out
+    assert "| sft | 3 min | 0,1 | 5/5 | +11.0 (+10.0 to +12.0) |" in out
+    assert "| sft | 15 min | 0 | 5 | +30.0 |" in out
+    assert "| sft+rl+share=0.5 | 3 min | +0.0 (+0.0 to +0.0) | +3.0 (+2.0 to +4.0) |" in out
+    assert ("| sft+rl+share=0.5 | 3 min | 0,1 | +3.5 (+1.0 to +6.0) | +1.8 (+0.5 to +3.0) | "
+            "+7.0 (+2.0 to +12.0) | 2/2 |") in out
