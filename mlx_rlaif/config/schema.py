@@ -59,7 +59,8 @@ class LoraConfig:
     keys: tuple[str, ...] = opt((), "Module keys inside a block to adapt, e.g. "
                                 "[self_attn.q_proj, self_attn.v_proj]; empty: every linear layer.")
     init_adapter: str = opt("", "Start from these adapters (a checkpoint or run directory, e.g. "
-                            "from `mlx-rlaif sft`).")
+                            "from `mlx-rlaif sft`); rl.reference initial makes them the KL "
+                            "reference (docs/sft-then-rl.md).")
 
 
 @dataclass(frozen=True)
