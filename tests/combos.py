@@ -24,6 +24,10 @@ from typing import Any
 from mlx_rlaif.config import check, load
 from mlx_rlaif.errors import ConfigError
 
+# where a row's overrides name the adapters a run starts from (rl.reference initial): the caller
+# puts a real adapter directory in its place (`with_adapters`)
+INIT_ADAPTER = "@init-adapter"
+
 # factor -> level -> overrides; the first level of each is the one a row prefers on a tie
 FACTORS: dict[str, dict[str, tuple[str, ...]]] = {
     "rl.advantage": {k: (f"rl.advantage={k}",) for k in ("grpo", "rloo", "reinforce", "gae")},
@@ -36,7 +40,8 @@ FACTORS: dict[str, dict[str, tuple[str, ...]]] = {
            "off": ("rl.kl_penalty=0",)},
     "rl.kl_estimator": {k: (f"rl.kl_estimator={k}",) for k in ("k2", "k3", "k1")},
     "rl.reference": {"base": ("rl.reference=base",), "ema": ("rl.reference=ema",),
-                     "periodic": ("rl.reference=periodic", "rl.ref_update_every=1")},
+                     "periodic": ("rl.reference=periodic", "rl.ref_update_every=1"),
+                     "initial": ("rl.reference=initial", f"lora.init_adapter={INIT_ADAPTER}")},
     "rl.adaptive_kl": {k: (f"rl.adaptive_kl={k}",) for k in ("false", "true")},
     "rl.dynamic_sampling": {k: (f"rl.dynamic_sampling={k}",) for k in ("false", "true")},
     "rl.guidance": {k: (f"rl.guidance={k}",) for k in ("false", "true")},
@@ -76,6 +81,11 @@ Pair = tuple[tuple[str, str], tuple[str, str]]  # ((factor, level), (factor, lev
 
 def overrides(row: dict[str, str]) -> list[str]:
     return [*BASE, *(o for f, level in row.items() for o in FACTORS[f][level])]
+
+
+def with_adapters(sets: list[str], adapter_dir: str) -> list[str]:
+    """`sets` with INIT_ADAPTER replaced by `adapter_dir`."""
+    return [s.replace(INIT_ADAPTER, adapter_dir) for s in sets]
 
 
 def refusal(row: dict[str, str]) -> str | None:

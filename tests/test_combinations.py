@@ -1,7 +1,8 @@
 """No silent combination: every pair of the options that change a step (tests/combos.py's
-factors: estimator, ratio level, aggregation, loss, KL placement and estimator, reference,
-adaptive KL, dynamic sampling, guidance, curriculum, turns, PPO epochs, truncation mask, scale,
-backend, gradient accumulation, group size, model dtype) either trains two steps on the
+factors: estimator, ratio level, aggregation, loss, KL placement and estimator, reference (the
+initial one from adapters made for the test), adaptive KL, dynamic sampling, guidance,
+curriculum, turns, PPO epochs, truncation mask, scale, backend, gradient accumulation, group
+size, model dtype) either trains two steps on the
 shipped tiny model with the metrics' invariants holding, or is refused by `config.check` with
 one line naming both options, and every refused pair is listed in docs/combinations.md.
 
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from combos import FACTORS, covering_array, label, overrides, pairs_of, violations
+from adapters import write_adapters
+from combos import FACTORS, covering_array, label, overrides, pairs_of, violations, with_adapters
 from recording_hub import RecordingHub
 
 from mlx_rlaif.assets import resolve_model
@@ -59,6 +61,9 @@ def test_refused_pairs_are_listed_in_the_docs(array):
      ("model.backend", "generation.num_samples_per_prompt")),
     (("model.backend=torch", "rl.advantage=gae"), ("model.backend", "rl.advantage")),
     (("model.backend=torch", "rl.reference=periodic"), ("model.backend", "rl.reference")),
+    (("model.backend=torch", "rl.reference=initial", "lora.init_adapter=runs/sft"),
+     ("model.backend", "rl.reference")),
+    (("rl.reference=initial",), ("rl.reference", "lora.init_adapter")),
     (("model.backend=torch", "generation.max_turns=2"), ("model.backend", "generation.max_turns")),
     (("rl.advantage=gae", "generation.num_samples_per_prompt=1", "rl.guidance=true"),
      ("rl.guidance", "generation.num_samples_per_prompt")),
@@ -87,14 +92,23 @@ def bf16_model(tmp_path_factory) -> Path:
     return dst
 
 
+@pytest.fixture(scope="module")
+def init_adapter(tmp_path_factory) -> Path:
+    """Adapters on the shipped tiny model for rl.reference initial's rows (lora.init_adapter)."""
+    return write_adapters(resolve_model("builtin:tiny-coder"),
+                          tmp_path_factory.mktemp("init") / "run", seed=0, size=0.02, rank=8)
+
+
 @pytest.mark.slow
-def test_every_row_trains_two_steps_with_its_invariants(array, bf16_model, tmp_path):
+def test_every_row_trains_two_steps_with_its_invariants(array, bf16_model, init_adapter,
+                                                        tmp_path):
     """Each row of the covering array: two steps in this process, then the invariants of
     combos.violations on both steps' metrics (finite, sequences trained, rewards in range, the
     loss's parts adding up, the metrics each option promises)."""
     failures = []
     for i, row in enumerate(array[0]):
-        sets = overrides(row) + [f"training.output_dir={tmp_path / str(i)}"]
+        sets = with_adapters(overrides(row), str(init_adapter)) + [
+            f"training.output_dir={tmp_path / str(i)}"]
         if row["model dtype"] == "bfloat16":
             sets.append(f"model.path={bf16_model}")
         cfg = load(None, sets)

@@ -101,9 +101,10 @@ def test_example_config_documents_every_option_and_loads(tmp_path):
     assert load(example) == Config()
 
 
-@pytest.mark.parametrize("name", ["quickstart.yaml", "full-python.yaml", "sft.yaml"])
+@pytest.mark.parametrize("name", ["quickstart.yaml", "full-python.yaml", "sft.yaml",
+                                  "sft-then-rl-sft.yaml", "sft-then-rl.yaml"])
 def test_shipped_configs_load_and_pass_the_checks(name):
-    if name == "sft.yaml":
+    if name in ("sft.yaml", "sft-then-rl-sft.yaml"):  # mlx-rlaif sft's configs
         from mlx_rlaif.train.sft import load_config as load_sft
 
         load_sft(ROOT / "configs" / name)
@@ -112,6 +113,12 @@ def test_shipped_configs_load_and_pass_the_checks(name):
     if name == "full-python.yaml":  # the recipe README "Learning beyond the easy tasks" measured
         assert (cfg.rl.guidance, cfg.rl.dynamic_sampling, cfg.data.curriculum,
                 cfg.rl.ratio_level) == (True, True, True, "token")
+    if name == "sft-then-rl.yaml":  # RL from the first phase's run (docs/sft-then-rl.md)
+        from mlx_rlaif.train.sft import load_config as load_sft
+
+        first = load_sft(ROOT / "configs" / "sft-then-rl-sft.yaml")
+        assert cfg.lora.init_adapter == first.training.output_dir
+        assert cfg.model.path == first.model.path
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,12 @@ tasks of the dev split or of `synthetic-eval` (`--on eval`): pass@1 at T = 0.7 a
   the model);
 - `rft`: rejection-sampling fine-tuning (the other control): sample 8 answers per training task
   from the frozen model for half the budget, keep the passing ones, tune on them for the rest.
+- `sft+rl`: the warm start (docs/sft-then-rl.md): the `sft` control's training for
+  `--sft-share` of the minutes (configs/sft-then-rl-sft.yaml with the control's data), its
+  adapters evaluated on the same split (`sft/*`: the RL phase's start), then RL from them for
+  the rest (configs/sft-then-rl.yaml: full-python's recipe, `lora.init_adapter` the SFT run,
+  `rl.reference` initial unless `--set rl.reference=base`); `rl_gain/*` is the RL phase's own
+  gain over its SFT start. The name carries the share (`sft+rl+share=0.5`).
 
 `--dtype bfloat16` (or float16) runs an arm on the frozen model converted to that dtype
 (`mlx-rlaif convert --dtype`, once, into .bench/learning/model-DTYPE; the weights MLX computes
@@ -39,8 +45,12 @@ in, as on Apple silicon): trained and evaluated in it, its gains measured agains
 evaluated before training (frozen-DTYPE.json, evaluated once). Issue 37's protocol:
 `run new --steps N --dtype bfloat16 [--set rl.is_correction=tis]` for seeds 0-2.
 
+SFT's own curve: `run sft --minutes M` for M = 3, 6, 15.
+
 Results append to .bench/learning/results.jsonl; `report` prints the table (mean and range over
-seeds of the gain in points over the frozen model).
+seeds of the gain in points over the frozen model, one row per arm and budget), the RL phase's
+own gain of `sft+rl` arms, and each `sft+rl` arm paired by seed with the `sft` control of the
+same minutes.
 
 Not covered: other models, languages or suites; runs longer than this machine's budget.
 """
@@ -67,6 +77,8 @@ LEVELS = "medium,hard"
 EVAL_SEED = 0
 SAMPLES = 16  # per task, T = 0.7: pass@1 and pass@8
 RECIPE = ROOT / "configs" / "full-python.yaml"
+WARM_SFT = ROOT / "configs" / "sft-then-rl-sft.yaml"  # the sft+rl arm's two phases
+WARM_RL = ROOT / "configs" / "sft-then-rl.yaml"
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 ABLATIONS = {"no-dynamic": ["rl.dynamic_sampling=false"],
              "no-curriculum": ["data.curriculum=false"],
@@ -191,9 +203,9 @@ def before(on: str, dtype: str, frozen: dict) -> dict:
 def train_rl(arm: str, seed: int, budget: tuple[float, int], out: Path, extra: list[str],
              dtype: str = "float32") -> None:
     """One RL arm for `budget` = (minutes, steps): steps when above 0, else minutes."""
-    recipe = QUICKSTART if arm == "current" else RECIPE
+    recipe = {"current": QUICKSTART, "sft+rl": WARM_RL}.get(arm, RECIPE)
     sets = {"current": ["data.difficulties=[]", "generation.score_while_decoding=false"],
-            "new": [], **ABLATIONS}[arm] + extra
+            "new": [], "sft+rl": [], **ABLATIONS}[arm] + extra
     minutes, steps = budget
     args = ["train", "--config", str(recipe), "--output-dir", str(out), "--no-dashboard",
             "--set", f"model.path={model_path(dtype)}",
@@ -208,9 +220,12 @@ def train_rl(arm: str, seed: int, budget: tuple[float, int], out: Path, extra: l
     cli(*args, log=out.with_name(out.name + ".log"))
 
 
-def train_sft(data: Path, seed: int, minutes: float, out: Path) -> None:
-    cli("sft", "--config", str(ROOT / "configs" / "sft.yaml"), "--set", f"model.path={MODEL}",
-        "--set", f"sft.train_file={data}", "--set", f"training.output_dir={out}",
+def train_sft(data: Path, seed: int, minutes: float, out: Path,
+              config: Path = ROOT / "configs" / "sft.yaml") -> None:
+    """The supervised control's training on `data` (prompt/completion records)."""
+    cli("sft", "--config", str(config), "--set", f"model.path={MODEL}",
+        "--set", f"sft.train_file={data}", "--set", "sft.completion_key=completion",
+        "--set", f"training.output_dir={out}",
         "--set", f"training.seed={seed}", "--set", f"training.max_minutes={minutes}",
         "--set", "training.num_epochs=100", "--set", "training.batch_size=16",
         "--set", "training.learning_rate=2.0e-4", "--set", "training.save_every_epochs=0",
@@ -248,18 +263,24 @@ def run(args: argparse.Namespace) -> int:
     frozen = json.loads((WORK / "frozen.json").read_text())
     if frozen["sha256"] != model_hash():
         raise SystemExit("the model changed since `prepare`: prepare again (a new frozen model)")
-    name = "+".join([args.arm, *args.set]) + ("" if args.dtype == "float32" else f"@{args.dtype}")
+    share = [f"share={args.sft_share:g}"] if args.arm == "sft+rl" else []
+    name = "+".join([args.arm, *share, *args.set]) + (
+        "" if args.dtype == "float32" else f"@{args.dtype}")
     out = WORK / "runs" / f"{name.replace('/', '_')}-s{args.seed}-{args.on}"
     out.parent.mkdir(parents=True, exist_ok=True)
     for p in out.parent.glob(f"{out.name}*"):
         subprocess.run(["rm", "-rf", str(p)], check=True)
-    if args.steps and args.arm in ("sft", "rft"):
-        raise SystemExit("--steps counts RL updates: give the sft and rft controls --minutes")
-    if args.dtype != "float32" and args.arm in ("sft", "rft"):
+    if args.steps and args.arm in ("sft", "rft", "sft+rl"):
+        raise SystemExit("--steps counts RL updates: give the sft, rft and sft+rl arms --minutes")
+    if args.arm == "sft+rl" and not 0 < args.sft_share < 1:
+        raise SystemExit("--sft-share is the SFT phase's share of --minutes: between 0 and 1")
+    if args.dtype != "float32" and args.arm in ("sft", "rft", "sft+rl"):
         raise SystemExit("--dtype is for the RL arms: the controls run on the shipped model")
-    tic = time.monotonic()
+    tic, phase = time.monotonic(), {}
     if args.arm == "sft":
         train_sft(WORK / "sft.jsonl", args.seed, args.minutes, out)
+    elif args.arm == "sft+rl":
+        phase = warm_start(args, out, frozen)
     elif args.arm == "rft":
         half = 60 * args.minutes / 2
         t0 = time.monotonic()
@@ -267,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         train_sft(data, args.seed, max(args.minutes - (time.monotonic() - t0) / 60, 0.1), out)
     else:
         train_rl(args.arm, args.seed, (args.minutes, args.steps), out, args.set, args.dtype)
-    wall = time.monotonic() - tic
+    wall = time.monotonic() - tic - phase.pop("eval_s", 0.0)  # the SFT phase's eval not counted
     after = evaluate(out, args.on, out, model_path(args.dtype))
     start = before(args.on, args.dtype, frozen)
     row = {"arm": name, "seed": args.seed, "on": args.on, "dtype": args.dtype,
@@ -275,11 +296,41 @@ def run(args: argparse.Namespace) -> int:
            "wall_s": round(wall, 1), "steps": _steps(out), **_agreement(out),
            **{f"after/{k}": v for k, v in after.items()},
            **{f"gain/{k}": round(100 * (after[k] - start[k]), 1)
-              for k in ("pass@1", "pass@8", "greedy")}}
+              for k in ("pass@1", "pass@8", "greedy")}, **phase}
+    if phase:
+        row.update({f"rl_gain/{k}": round(100 * (after[k] - phase[f"sft/{k}"]), 1)
+                    for k in ("pass@1", "pass@8", "greedy")})
     with (WORK / "results.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")
     print(json.dumps(row))
     return 0
+
+
+def warm_start(args: argparse.Namespace, out: Path, frozen: dict) -> dict:
+    """The sft+rl arm's SFT phase (`--sft-share` of the minutes, the control's data and
+    settings) and its evaluation on the same split, then RL from its adapters for the rest.
+    Returns the SFT phase's scores (`sft/*`, `sft_gain/*`), the phases' minutes and the seconds
+    its evaluation took (`eval_s`, not training time)."""
+    sft_minutes = args.minutes * args.sft_share
+    sft_out = out.with_name(out.name + "-sft")
+    train_sft(WORK / "sft.jsonl", args.seed, sft_minutes, sft_out, WARM_SFT)
+    t0 = time.monotonic()
+    start = evaluate(sft_out, args.on, sft_out)
+    eval_s = time.monotonic() - t0
+    train_rl("sft+rl", args.seed, (args.minutes - sft_minutes, 0), out,
+             [f"lora.init_adapter={sft_out}", *args.set])
+    b = frozen[f"before_{args.on}"]
+    return {"sft_minutes": sft_minutes, "rl_minutes": args.minutes - sft_minutes,
+            "sft_steps": _sft_steps(sft_out), "eval_s": eval_s,
+            **{f"sft/{k}": start[k] for k in ("pass@1", "pass@8", "greedy")},
+            **{f"sft_gain/{k}": round(100 * (start[k] - b[k]), 1)
+               for k in ("pass@1", "pass@8", "greedy")}}
+
+
+def _sft_steps(out: Path) -> int:
+    path = out / "batches.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    return sum("loss/sft" in r for r in rows)
 
 
 def _agreement(out: Path) -> dict[str, float]:
@@ -300,27 +351,66 @@ def _steps(out: Path) -> int:
     return len([x for x in lines if '"step"' in x])
 
 
-def report(args: argparse.Namespace) -> int:
-    import numpy as np
+KEYS = ("pass@1", "pass@8", "greedy")
 
+
+def report(args: argparse.Namespace) -> int:
     frozen = json.loads((WORK / "frozen.json").read_text())
     rows = [json.loads(x) for x in (WORK / "results.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r["on"] == args.on]
     b = frozen[f"before_{args.on}"]
     print(f"frozen model: pass@1 {b['pass@1']:.3f}, pass@8 {b['pass@8']:.3f}, greedy "
           f"{b['greedy']:.3f} on {b['tasks']} {args.on} medium+hard Python tasks")
-    print("| arm | seeds | steps | pass@1 gain (T=0.7) | pass@8 gain | greedy pass@1 gain |")
-    print("|---|---|---|---|---|---|")
-    for arm in dict.fromkeys(r["arm"] for r in rows):
-        rs = {r["seed"]: r for r in rows if r["arm"] == arm}  # the latest run of each seed
-        cells = []
-        for k in ("pass@1", "pass@8", "greedy"):
-            g = [r[f"gain/{k}"] for r in rs.values()]
-            cells.append(f"{np.mean(g):+.1f} ({min(g):+.1f} to {max(g):+.1f})" if len(g) > 1
-                         else f"{g[0]:+.1f}")
+    arms = latest_by_seed(rows)
+    print("| arm | budget | seeds | steps | pass@1 gain (T=0.7) | pass@8 gain | greedy pass@1 "
+          "gain |")
+    print("|---|---|---|---|---|---|---|")
+    for (arm, budget), rs in arms.items():
         steps = "/".join(str(r["steps"]) for r in rs.values())
-        print(f"| {arm} | {','.join(map(str, rs))} | {steps} | " + " | ".join(cells) + " |")
+        cells = [spread([r[f"gain/{k}"] for r in rs.values()]) for k in KEYS]
+        print(f"| {arm} | {budget} | {','.join(map(str, rs))} | {steps} | "
+              + " | ".join(cells) + " |")
+    warm = {key: rs for key, rs in arms.items() if key[0].startswith("sft+rl")}
+    if warm:
+        print("\nsft+rl: the SFT phase's gain over the frozen model, the RL phase's own gain "
+              "over its SFT start (points)")
+        print("| arm | budget | SFT pass@1 | RL phase pass@1 | RL phase pass@8 | RL phase greedy |")
+        print("|---|---|---|---|---|---|")
+        for (arm, budget), rs in warm.items():
+            cells = [spread([r["sft_gain/pass@1"] for r in rs.values()]),
+                     *(spread([r[f"rl_gain/{k}"] for r in rs.values()]) for k in KEYS)]
+            print(f"| {arm} | {budget} | " + " | ".join(cells) + " |")
+        print("\nsft+rl minus the sft control of the same minutes, paired by seed (points)")
+        print("| arm | budget | seeds | pass@1 | pass@8 | greedy | seeds at or above the "
+              "control (pass@1) |")
+        print("|---|---|---|---|---|---|---|")
+        for (arm, budget), rs in warm.items():
+            control = arms.get(("sft", budget), {})
+            seeds = [s for s in rs if s in control]
+            if not seeds:
+                continue
+            diffs = {k: [rs[s][f"gain/{k}"] - control[s][f"gain/{k}"] for s in seeds]
+                     for k in KEYS}
+            print(f"| {arm} | {budget} | {','.join(map(str, seeds))} | "
+                  + " | ".join(spread(diffs[k]) for k in KEYS)
+                  + f" | {sum(d >= 0 for d in diffs['pass@1'])}/{len(seeds)} |")
     return 0
+
+
+def latest_by_seed(rows: list[dict]) -> dict[tuple[str, str], dict[int, dict]]:
+    """(arm, budget) -> seed -> its latest row; the budget is `N min` or `N steps`."""
+    out: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in rows:
+        budget = f"{r['max_steps']} steps" if r.get("max_steps") else f"{r['minutes']:g} min"
+        out.setdefault((r["arm"], budget), {})[r["seed"]] = r
+    return out
+
+
+def spread(values: list[float]) -> str:
+    """The mean, and the range where there are several."""
+    mean = sum(values) / len(values)
+    return (f"{mean:+.1f} ({min(values):+.1f} to {max(values):+.1f})" if len(values) > 1
+            else f"{mean:+.1f}")
 
 
 def main() -> int:
@@ -329,7 +419,7 @@ def main() -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare")
     r = sub.add_parser("run")
-    r.add_argument("arm", choices=["current", "new", "sft", "rft", *ABLATIONS])
+    r.add_argument("arm", choices=["current", "new", "sft", "rft", "sft+rl", *ABLATIONS])
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--minutes", type=float, default=5.0)
     r.add_argument("--steps", type=int, default=0,
@@ -337,6 +427,8 @@ def main() -> int:
     r.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="the frozen model converted to this dtype (RL arms)")
     r.add_argument("--on", choices=["dev", "eval"], default="dev")
+    r.add_argument("--sft-share", type=float, default=0.5,
+                   help="sft+rl: the SFT phase's share of --minutes (the rest is RL)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an RL arm's extra config override (tuning on dev); named in the results")
     rep = sub.add_parser("report")

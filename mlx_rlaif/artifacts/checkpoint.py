@@ -282,7 +282,7 @@ def load_weights_into(model: Any, ckpt: Path) -> None:
 
 
 VALUE_HEAD = "value_head.safetensors"  # a critic's value head (rl.advantage gae)
-REFERENCE = "reference.safetensors"  # a moving reference's adapters (rl.reference ema/periodic)
+REFERENCE = "reference.safetensors"  # the reference's adapters (rl.reference ema/periodic/initial)
 
 
 def load_arrays(ckpt: Path, fname: str) -> dict[str, mx.array] | None:

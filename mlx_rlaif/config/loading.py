@@ -278,9 +278,13 @@ def check(cfg: Config) -> Config:
         raise ConfigError("rl.adaptive_kl scales rl.kl_penalty, which is 0 (no KL at all, nothing "
                           "to adapt): set kl_penalty above 0, or adaptive_kl to false")
     if cfg.rl.kl_penalty == 0 and cfg.rl.reference != "base":
-        raise ConfigError(f"rl.reference {cfg.rl.reference} moves the KL's reference, and "
+        raise ConfigError(f"rl.reference {cfg.rl.reference} sets the KL's reference, and "
                           "rl.kl_penalty = 0 computes no KL: set kl_penalty above 0, or "
                           "rl.reference to base")
+    if cfg.rl.reference == "initial" and not cfg.lora.init_adapter:
+        raise ConfigError("rl.reference initial is the adapters the run starts from, and "
+                          "lora.init_adapter is empty: set lora.init_adapter (e.g. an `mlx-rlaif "
+                          "sft` run directory), or rl.reference to base")
     if cfg.generation.max_turns > 1 and cfg.reward.type not in ("exec", "mix"):
         raise ConfigError("generation.max_turns > 1 feeds the exec reward's failure report back: "
                           "set reward.type to exec or mix")

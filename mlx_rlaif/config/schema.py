@@ -59,7 +59,8 @@ class LoraConfig:
     keys: tuple[str, ...] = opt((), "Module keys inside a block to adapt, e.g. "
                                 "[self_attn.q_proj, self_attn.v_proj]; empty: every linear layer.")
     init_adapter: str = opt("", "Start from these adapters (a checkpoint or run directory, e.g. "
-                            "from `mlx-rlaif sft`).")
+                            "from `mlx-rlaif sft`); rl.reference initial makes them the KL "
+                            "reference (docs/sft-then-rl.md).")
 
 
 @dataclass(frozen=True)
@@ -259,10 +260,12 @@ class RLConfig:
     value_coef: float = opt(0.5, "gae: weight of the value loss.", _nonneg)
     value_clip: float = opt(0.2, "gae: clip of the value loss around the old values (0: "
                             "unclipped).", _nonneg)
-    reference: Literal["base", "ema", "periodic"] = opt(
-        "base", "The KL reference: the frozen base (LoRA bypassed), or the base plus a slowly "
-        "moving copy of the adapters: an EMA of them (ema), or a copy refreshed every "
-        "ref_update_every steps (periodic). Adapter-sized memory, no second model.")
+    reference: Literal["base", "ema", "periodic", "initial"] = opt(
+        "base", "The KL reference: the frozen base (LoRA bypassed), or the base plus a copy of "
+        "the adapters: a slowly moving one, an EMA of them (ema) or a copy refreshed every "
+        "ref_update_every steps (periodic), or the frozen adapters the run started from "
+        "(initial: lora.init_adapter, e.g. the SFT model; never updated). With a quantized base "
+        "that is the quantized base plus the copy. Adapter-sized memory, no second model.")
     ref_ema_decay: float = opt(0.99, "reference ema: the copy's decay per step.", _unit)
     ref_update_every: int = opt(50, "reference periodic: steps between refreshes.", _pos)
 

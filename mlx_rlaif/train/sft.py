@@ -1,7 +1,9 @@
 """Supervised LoRA fine-tuning on prompt/completion pairs: the warm start before RL.
 
 Records are JSONL objects with a prompt and a completion: `{"prompt", "completion"}`, or the
-records an RL run collects in `datasets/train.jsonl` (`prompt` + `teacher_code`). The prompt is
+records an RL run collects in `datasets/train.jsonl` (`prompt` + `teacher_code`), or task
+records with a reference `solution` (a task file or `suite:NAME`, `sft.completion_key: solution`:
+the answer written as RL asks for it, guidance.reference_answer). The prompt is
 formatted exactly as RL formats it (`backends.sampling.format_prompt`: chat template, system
 prompt), the
 completion follows it and ends with the EOS token the sampler stops at, and the loss is the
@@ -42,9 +44,11 @@ from ..config import LoraConfig, ModelConfig, TrainingConfig, build_section, opt
 from ..config.loading import check_length
 from ..cpu.kernels import training_fast_paths
 from ..data import read_jsonl
+from ..data.suites import load_suite
 from ..errors import ConfigError, DataError
 from ..metrics.jsonl import JsonlWriter
 from ..records import Task
+from .guidance import reference_answer
 from .length import RunLength, run_length
 from .run import due_checkpoint
 
@@ -54,12 +58,16 @@ from .run import due_checkpoint
 @dataclass(frozen=True)
 class SFTConfig:
     train_file: str = opt("", "Prompt/completion JSONL to train on (required), e.g. an RL run's "
-                          "datasets/train.jsonl.")
+                          "datasets/train.jsonl, or a shipped suite (suite:synthetic-train) "
+                          "with completion_key solution.")
     valid_file: str = opt("", "Held-out JSONL of the same form: its loss is logged after each "
                           "epoch (optional).")
     prompt_key: str = opt("prompt", "Field holding the prompt (the user message).")
     completion_key: str = opt("", "Field holding the target text; empty: `completion`, else "
                               "`teacher_code` (the teacher's reference code collected during RL). "
+                              "`solution`: a task record's reference solution written as RL asks "
+                              "for answers (the body under a Python stub, else fenced; as "
+                              "rl.guidance writes it), so the RL task file is the SFT data. "
                               "Records without one are skipped and counted.")
     fence_code: bool = opt(False, "Wrap each completion in a ```language fence (for bare code such "
                            "as teacher_code, when the RL prompts ask for fenced answers).")
@@ -107,7 +115,7 @@ class Example:
 def read_examples(path: str | Path, sft: SFTConfig) -> tuple[list[Example], int]:
     """(examples, number of records skipped for lacking a completion)."""
     examples, skipped = [], 0
-    for where, rec in read_jsonl(path):
+    for where, rec in records(path):
         prompt = rec.get(sft.prompt_key)
         if not isinstance(prompt, str) or not prompt.strip():
             raise DataError(f"{where}: missing or empty {sft.prompt_key!r} (a string): set "
@@ -123,7 +131,19 @@ def read_examples(path: str | Path, sft: SFTConfig) -> tuple[list[Example], int]
     return examples, skipped
 
 
+def records(path: str | Path) -> list[tuple[str, dict]]:
+    """(where, record) of a JSONL file, or of a shipped suite (`suite:NAME`)."""
+    name = str(path)
+    if name.startswith("suite:"):
+        return [(f"{name}:{i + 1}", r) for i, r in enumerate(load_suite(name[len("suite:"):]))]
+    return read_jsonl(path)
+
+
 def _completion(rec: dict, key: str, where: str) -> str | None:
+    if key == "solution":  # a task record: its reference answer as RL asks for it
+        task = Task(str(rec.get("id", where)), rec["prompt"], str(rec.get("language") or
+                    "python"), meta={"solution": rec.get("solution")})
+        return reference_answer(task)
     keys = [key] if key else ["completion", "teacher_code"]
     for k in keys:
         value = rec.get(k)

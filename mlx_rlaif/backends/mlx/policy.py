@@ -43,7 +43,8 @@ class Policy:
     num_layers: int
     lora: Any  # the LoraConfig-like object used (rank, scale, dropout, keys)
     split: Split | None = None  # the model as body + head (loss.split_head), where it is one
-    reference: dict[str, mx.array] | None = None  # a moving reference's adapters (rl.reference)
+    reference: dict[str, mx.array] | None = None  # the reference's adapters (rl.reference
+    # ema, periodic: moving; initial: the ones loaded at the start, frozen)
 
 
 def load_model(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, Any]:
@@ -66,7 +67,7 @@ def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | Non
     """Load the base model (quantized to `quantize` bits at load when it is not quantized
     already: QLoRA), freeze it and add LoRA layers (from `adapter` if given); with `critic` a
     value head on the last hidden state (`model.value_head`), with `moving_reference` a copy of
-    the adapters as the KL reference."""
+    the adapters as loaded (`adapter`'s, or the fresh ones) as the KL reference."""
     model, tokenizer = load_model(model_path, trust_remote_code)
     if quantize and not is_quantized(model):
         from mlx_lm.utils import quantize_model

@@ -414,8 +414,8 @@ def make_optimizer(t: Any, total_updates: int) -> optim.Optimizer:
 def advance_reference(policy: Policy, cfg: Config, step: int) -> None:
     """After the optimizer step that made `step` steps: move a moving reference toward the
     adapters (ema: ref = d ref + (1 - d) adapters), or copy them every ref_update_every steps
-    (periodic). No-op for the frozen base."""
-    if policy.reference is None:
+    (periodic). No-op for the frozen base and the frozen initial adapters (initial)."""
+    if policy.reference is None or cfg.rl.reference == "initial":
         return
     current = adapter_weights(policy.model)
     if cfg.rl.reference == "ema":
@@ -427,8 +427,8 @@ def advance_reference(policy: Policy, cfg: Config, step: int) -> None:
 
 
 def restore(policy: Policy, optimizer: optim.Optimizer, ckpt: Path) -> checkpoint.LoopState:
-    """Adapters, a critic's value head and a moving reference (where the run has them), the
-    optimizer's state and the loop state of a checkpoint."""
+    """Adapters, a critic's value head and a reference copy of adapters (where the run has
+    them: ema, periodic, initial), the optimizer's state and the loop state of a checkpoint."""
     checkpoint.load_weights_into(policy.model, ckpt)
     head = checkpoint.load_arrays(ckpt, checkpoint.VALUE_HEAD)
     if head is not None and "value_head" in policy.model:
