@@ -6,8 +6,13 @@ whose one-line message names the dotted key and the fix; nothing is loaded or wr
 `configs/example.yaml` (`documented_yaml`) documents every option. A file in the seed trainer's
 layout is translated first (seed.py), each key that no longer applies logged as one line.
 
-Not covered: environment variables other than the teacher's API key name (the key itself is
-never stored in a config).
+`MLX_RLAIF_SMOKE=N` (`smoke_caps`) caps a run for smoke tests of the documented commands: at
+most N training steps, one sample per held-out task, at most 8 tasks in the periodic evaluation
+and at most 64 new tokens; every cap it applies is logged as one line. Unset (or 0), nothing
+changes.
+
+Not covered: other environment variables than the teacher's API key name and MLX_RLAIF_SMOKE
+(the key itself is never stored in a config).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import dataclasses
 import difflib
 import logging
 import math
+import os
 import types
 import typing
 from dataclasses import fields
@@ -31,8 +37,61 @@ from .seed import translate
 
 
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read YAML (or start from defaults), apply `a.b=c` overrides, and check everything."""
-    return from_dict(read_raw(path, overrides))
+    """Read YAML (or start from defaults), apply `a.b=c` overrides (and MLX_RLAIF_SMOKE's caps),
+    and check everything."""
+    raw = read_raw(path, overrides)
+    smoke_caps(raw, rl=True)
+    return from_dict(raw)
+
+
+SMOKE_ENV = "MLX_RLAIF_SMOKE"
+SMOKE_EVAL_TASKS = 8  # the periodic evaluation's tasks, and `mlx-rlaif eval --max-tasks`
+SMOKE_NEW_TOKENS = 64
+
+
+def smoke_steps() -> int:
+    """N of MLX_RLAIF_SMOKE=N: the most training steps a smoke run takes (0: unset, no caps)."""
+    value = os.environ.get(SMOKE_ENV, "").strip()
+    if not value:
+        return 0
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ConfigError(f"{SMOKE_ENV}={value!r}: set it to a number of steps (e.g. "
+                          f"{SMOKE_ENV}=2), or unset it for a full run")
+    return n
+
+
+def smoke_caps(raw: dict, rl: bool) -> list[str]:
+    """Apply MLX_RLAIF_SMOKE's caps to a raw config in place (`rl`: the RL config, with data and
+    generation sections; else only training.max_steps); returns the `key=value` caps applied,
+    each logged as one line. Only lowers: a setting already under a cap stays."""
+    n = smoke_steps()
+    if not n:
+        return []
+    caps: list[tuple[str, int]] = [("training.max_steps", n)]
+    if rl:
+        caps += [("data.eval_samples", 1), ("data.eval_max_tasks", SMOKE_EVAL_TASKS),
+                 ("generation.max_new_tokens", SMOKE_NEW_TOKENS),
+                 ("rl.overlong_buffer", SMOKE_NEW_TOKENS)]
+    applied = []
+    for key, cap in caps:
+        section, name = key.split(".")
+        node = raw.get(section, {})
+        current = node.get(name) if isinstance(node, dict) else None
+        unbounded = key in ("training.max_steps", "data.eval_max_tasks")  # 0 means no bound
+        if isinstance(current, int) and 0 < current <= cap or \
+                (key == "rl.overlong_buffer" and not current):
+            continue
+        if current == 0 and not unbounded:
+            continue
+        apply_override(raw, f"{key}={cap}")
+        applied.append(f"{key}={cap}")
+        logging.getLogger("mlx_rlaif").info(
+            f"{SMOKE_ENV}={n}: {key} = {cap} (was {'unset' if current is None else current})")
+    return applied
 
 
 def read_raw(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
