@@ -7,8 +7,9 @@ whose one-line message names the dotted key and the fix; nothing is loaded or wr
 layout is translated first (seed.py), each key that no longer applies logged as one line.
 
 `MLX_RLAIF_SMOKE=N` (`smoke_caps`) caps a run for smoke tests of the documented commands: at
-most N training steps, one sample per held-out task, at most 8 tasks in the periodic evaluation
-and at most 64 new tokens; every cap it applies is logged as one line. Unset (or 0), nothing
+most N training steps, one sample per held-out task, at most 8 held-out tasks (the periodic
+evaluation's, and the first 8 before and after training: `smoke_eval_tasks`) and at most 64 new
+tokens; every cap it applies is logged as one line. Unset (or 0), nothing
 changes.
 
 Not covered: other environment variables than the teacher's API key name and MLX_RLAIF_SMOKE
@@ -62,6 +63,11 @@ def smoke_steps() -> int:
         raise ConfigError(f"{SMOKE_ENV}={value!r}: set it to a number of steps (e.g. "
                           f"{SMOKE_ENV}=2), or unset it for a full run")
     return n
+
+
+def smoke_eval_tasks() -> int:
+    """The most held-out tasks a smoke run evaluates before and after training (0: no cap)."""
+    return SMOKE_EVAL_TASKS if smoke_steps() else 0
 
 
 def smoke_caps(raw: dict, rl: bool) -> list[str]:
