@@ -144,8 +144,14 @@ def test_smoke_caps_only_lower(monkeypatch):
                             "rl.overlong_buffer=64"}
     raw = {}
     smoke_caps(raw, rl=True)  # unset: max_steps and eval_max_tasks (0 = all) capped, tokens too
-    assert raw == {"training": {"max_steps": 3}, "data": {"eval_samples": 1, "eval_max_tasks": 8},
+    assert raw == {"training": {"max_steps": 3}, "data": {"eval_max_tasks": 8},
                    "generation": {"max_new_tokens": 64}}
+    raw = {"data": {"eval_every": 25}, "rl": {"overlong_buffer": 0}}
+    smoke_caps(raw, rl=True)  # a periodic evaluation still happens; 0 (off) stays off
+    assert raw["data"]["eval_every"] == 3 and raw["rl"] == {"overlong_buffer": 0}
+    raw = {"data": {"eval_every": 0}}
+    smoke_caps(raw, rl=True)
+    assert raw["data"]["eval_every"] == 0
     raw = {"training": {"max_steps": 60}}
     smoke_caps(raw, rl=False)  # sft: no data or generation sections
     assert raw == {"training": {"max_steps": 3}}

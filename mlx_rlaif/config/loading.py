@@ -7,9 +7,9 @@ whose one-line message names the dotted key and the fix; nothing is loaded or wr
 layout is translated first (seed.py), each key that no longer applies logged as one line.
 
 `MLX_RLAIF_SMOKE=N` (`smoke_caps`) caps a run for smoke tests of the documented commands: at
-most N training steps, one sample per held-out task, at most 8 held-out tasks (the periodic
-evaluation's, and the first 8 before and after training: `smoke_eval_tasks`) and at most 64 new
-tokens; every cap it applies is logged as one line. Unset (or 0), nothing
+most N training steps, one sample per held-out task, a periodic evaluation (where one is set) at
+least every N steps, at most 8 held-out tasks (the periodic evaluation's, and the first 8 before
+and after training: `smoke_eval_tasks`) and at most 64 new tokens; every cap it applies is logged as one line. Unset (or 0), nothing
 changes.
 
 Not covered: other environment variables than the teacher's API key name and MLX_RLAIF_SMOKE
@@ -77,21 +77,20 @@ def smoke_caps(raw: dict, rl: bool) -> list[str]:
     n = smoke_steps()
     if not n:
         return []
-    caps: list[tuple[str, int]] = [("training.max_steps", n)]
+    # (key, cap, whether an unset or 0 value is capped: 0 means "no bound" for these keys, or
+    # their default is over the cap)
+    caps: list[tuple[str, int, bool]] = [("training.max_steps", n, True)]
     if rl:
-        caps += [("data.eval_samples", 1), ("data.eval_max_tasks", SMOKE_EVAL_TASKS),
-                 ("generation.max_new_tokens", SMOKE_NEW_TOKENS),
-                 ("rl.overlong_buffer", SMOKE_NEW_TOKENS)]
+        caps += [("data.eval_samples", 1, False), ("data.eval_every", n, False),
+                 ("data.eval_max_tasks", SMOKE_EVAL_TASKS, True),
+                 ("generation.max_new_tokens", SMOKE_NEW_TOKENS, True),
+                 ("rl.overlong_buffer", SMOKE_NEW_TOKENS, False)]
     applied = []
-    for key, cap in caps:
+    for key, cap, unset_too in caps:
         section, name = key.split(".")
         node = raw.get(section, {})
         current = node.get(name) if isinstance(node, dict) else None
-        unbounded = key in ("training.max_steps", "data.eval_max_tasks")  # 0 means no bound
-        if isinstance(current, int) and 0 < current <= cap or \
-                (key == "rl.overlong_buffer" and not current):
-            continue
-        if current == 0 and not unbounded:
+        if (isinstance(current, int) and 0 < current <= cap) or (not current and not unset_too):
             continue
         apply_override(raw, f"{key}={cap}")
         applied.append(f"{key}={cap}")
