@@ -33,17 +33,39 @@ COMMANDS: dict[str, str] = {
     "doctor": "doctor",
 }
 
+# command name -> the guide in the repository's docs/ that covers it (its --help names it)
+GUIDES: dict[str, str] = {
+    "train": "docs/training.md (recipes: docs/recipes.md)",
+    "eval": "docs/training.md",
+    "score": "docs/rewards.md",
+    "audit-judge": "docs/rewards.md",
+    "summary": "docs/training.md",
+    "export-dataset": "docs/data.md",
+    "convert": "docs/models.md",
+    "fuse": "docs/models.md",
+    "export-peft": "docs/models.md",
+    "validate": "docs/models.md",
+    "sft": "docs/models.md",
+    "migrate-config": "docs/training.md",
+    "data": "docs/data.md",
+    "doctor": "docs/memory.md",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlx-rlaif",
         description="RL from AI feedback for code models, in MLX, on one set of weights.",
+        epilog="With no command: `train` on the embedded quickstart. Guides, one per task, are in "
+               "the repository's docs/ (README.md lists them); each command's --help names its "
+               "own.",
     )
     parser.add_argument("--version", action="version", version=f"mlx-rlaif {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         mod = importlib.import_module(f"mlx_rlaif.commands.{module}")
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,
+                           epilog=f"Guide: {GUIDES[name]} in the repository.")
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser

@@ -23,7 +23,7 @@ class Task:
     """One prompt to train or evaluate on.
 
     `prompt` is the user message (or, for HumanEval-style records, the code to complete).
-    Tests, all optional (see rewards/exec.py and README "Task formats"):
+    Tests, all optional (see rewards/exec.py and docs/task-formats.md):
     - `test` + `entry_point`: HumanEval style, `test` defines `check(candidate)`;
     - `tests` with `{"args": [...], "expected": ...}` items: calls of `entry_point`;
     - `tests` with `{"stdin": "...", "stdout": "..."}` items: whole programs.

@@ -94,7 +94,7 @@ def test_length_judge_is_flagged_for_comments_and_dead_code(prepared):
     _, items, oracle = prepared
     report = audit_with(items, sj.responder(sj.length(oracle)), "anthropic")
     assert flagged(report) == {"comments", "padding"}
-    # README's figures: +0.17 (comments), +0.19 (dead code) on this file
+    # docs/rewards.md's figures: +0.17 (comments), +0.19 (dead code) on this file
     assert effect(report, "comments", "overall") == pytest.approx(0.173, abs=0.005)
     assert effect(report, "padding", "overall") == pytest.approx(0.192, abs=0.005)
     assert effect(report, "rename", "overall") == pytest.approx(0.0)  # same-length names

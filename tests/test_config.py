@@ -110,7 +110,7 @@ def test_shipped_configs_load_and_pass_the_checks(name):
         load_sft(ROOT / "configs" / name)
         return
     cfg = check(load(ROOT / "configs" / name))
-    if name == "full-python.yaml":  # the recipe README "Learning beyond the easy tasks" measured
+    if name == "full-python.yaml":  # the recipe docs/results.md "Learning beyond the easy tasks" measured
         assert (cfg.rl.guidance, cfg.rl.dynamic_sampling, cfg.data.curriculum,
                 cfg.rl.ratio_level) == (True, True, True, "token")
     if name == "sft-then-rl.yaml":  # RL from the first phase's run (docs/sft-then-rl.md)

@@ -11,7 +11,7 @@ Why MARGIN is beyond noise: each pass@1 averages 96 sampled answers; treated as 
 p = 0.5 the standard error of such an average is at most 0.051, and of a difference of two at
 most 0.072, so a rise of MARGIN = 0.25 is 3.5 standard errors in that worst case. Samples of one
 task are correlated (12 tasks x 8), which widens this; the measured rise (0.48 with the current
-build, 0.52 when the test was written; README, the quickstart section) leaves room.
+build, 0.52 when the test was written; docs/results.md, the quickstart) leaves room.
 """
 
 from __future__ import annotations

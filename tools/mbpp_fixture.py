@@ -5,11 +5,11 @@ mbpp-test.jsonl (6). The problems are our own, MBPP-like; the train file plants 
 duplicate of a test problem (task 1010) and one near-duplicate (task 1011), so that
 `mlx-rlaif data overlap` and `data.decontaminate_against` have something to find.
 
-This lets README's "Training on MBPP" path run without network:
+This lets docs/data.md's "Training on MBPP" path run without network:
 
     python tools/mbpp_fixture.py --out /tmp/mbpp
 
-Not covered: anything of MBPP itself (get the real files with `datasets`, see README).
+Not covered: anything of MBPP itself (get the real files with `datasets`, see docs/data.md).
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 
-from ..config import load
+from ..config import load, smoke_steps
+from ..config.loading import SMOKE_ENV, SMOKE_EVAL_TASKS
 from ..errors import UsageError
 
 HELP = "Evaluate a model (+ adapters) on a suite: pass@1, pass@k, tokens/s."
@@ -68,8 +70,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, generation=replace(cfg.generation, max_new_tokens=args.max_new_tokens))
     if cfg.reward.type == "teacher":
         raise UsageError("eval reports pass@k from tests: use reward.type exec (the default)")
-    tasks = load_tasks(suite_spec(args.suite), languages=args.languages,
-                       max_tasks=args.max_tasks, difficulties=args.difficulties)
+    max_tasks = args.max_tasks
+    if smoke_steps() and not 0 < max_tasks <= SMOKE_EVAL_TASKS:
+        max_tasks = SMOKE_EVAL_TASKS
+        print(f"{SMOKE_ENV}: at most {max_tasks} tasks", file=sys.stderr)
+    tasks = load_tasks(suite_spec(args.suite), languages=args.languages, max_tasks=max_tasks,
+                       difficulties=args.difficulties)
     reward_fn = build_reward(cfg, languages={t.language for t in tasks})
     policy = load_policy(args.model, cfg.lora, args.adapter, args.seed)
     temp = args.temperature if args.temperature is not None else (0.7 if args.n > 1 else 0.2)

@@ -11,6 +11,9 @@ from .loading import (
     from_dict,
     load,
     read_raw,
+    smoke_caps,
+    smoke_eval_tasks,
+    smoke_steps,
     to_dict,
 )
 from .schema import (
@@ -36,5 +39,5 @@ __all__ = [
     "Config", "DataConfig", "DistributedConfig", "ExecConfig", "GenerationConfig", "LoggingConfig", "LoraConfig",
     "ModelConfig", "RLConfig", "RewardConfig", "TeacherConfig", "TrainingConfig", "apply_override",
     "batch_sequences", "build_section", "check", "documented_yaml", "dump", "from_dict", "load",
-    "micro_batch_size", "opt", "prompts_per_step", "read_raw", "to_dict",
+    "micro_batch_size", "opt", "prompts_per_step", "read_raw", "smoke_caps", "smoke_eval_tasks", "smoke_steps", "to_dict",
 ]

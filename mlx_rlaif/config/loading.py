@@ -6,8 +6,14 @@ whose one-line message names the dotted key and the fix; nothing is loaded or wr
 `configs/example.yaml` (`documented_yaml`) documents every option. A file in the seed trainer's
 layout is translated first (seed.py), each key that no longer applies logged as one line.
 
-Not covered: environment variables other than the teacher's API key name (the key itself is
-never stored in a config).
+`MLX_RLAIF_SMOKE=N` (`smoke_caps`) caps a run for smoke tests of the documented commands: at
+most N training steps, one sample per held-out task, a periodic evaluation (where one is set) at
+least every N steps, at most 8 held-out tasks (the periodic evaluation's, and the first 8 before
+and after training: `smoke_eval_tasks`) and at most 64 new tokens; every cap it applies is logged as one line. Unset (or 0), nothing
+changes.
+
+Not covered: other environment variables than the teacher's API key name and MLX_RLAIF_SMOKE
+(the key itself is never stored in a config).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import dataclasses
 import difflib
 import logging
 import math
+import os
 import types
 import typing
 from dataclasses import fields
@@ -31,8 +38,65 @@ from .seed import translate
 
 
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read YAML (or start from defaults), apply `a.b=c` overrides, and check everything."""
-    return from_dict(read_raw(path, overrides))
+    """Read YAML (or start from defaults), apply `a.b=c` overrides (and MLX_RLAIF_SMOKE's caps),
+    and check everything."""
+    raw = read_raw(path, overrides)
+    smoke_caps(raw, rl=True)
+    return from_dict(raw)
+
+
+SMOKE_ENV = "MLX_RLAIF_SMOKE"
+SMOKE_EVAL_TASKS = 8  # the periodic evaluation's tasks, and `mlx-rlaif eval --max-tasks`
+SMOKE_NEW_TOKENS = 64
+
+
+def smoke_steps() -> int:
+    """N of MLX_RLAIF_SMOKE=N: the most training steps a smoke run takes (0: unset, no caps)."""
+    value = os.environ.get(SMOKE_ENV, "").strip()
+    if not value:
+        return 0
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ConfigError(f"{SMOKE_ENV}={value!r}: set it to a number of steps (e.g. "
+                          f"{SMOKE_ENV}=2), or unset it for a full run")
+    return n
+
+
+def smoke_eval_tasks() -> int:
+    """The most held-out tasks a smoke run evaluates before and after training (0: no cap)."""
+    return SMOKE_EVAL_TASKS if smoke_steps() else 0
+
+
+def smoke_caps(raw: dict, rl: bool) -> list[str]:
+    """Apply MLX_RLAIF_SMOKE's caps to a raw config in place (`rl`: the RL config, with data and
+    generation sections; else only training.max_steps); returns the `key=value` caps applied,
+    each logged as one line. Only lowers: a setting already under a cap stays."""
+    n = smoke_steps()
+    if not n:
+        return []
+    # (key, cap, whether an unset or 0 value is capped: 0 means "no bound" for these keys, or
+    # their default is over the cap)
+    caps: list[tuple[str, int, bool]] = [("training.max_steps", n, True)]
+    if rl:
+        caps += [("data.eval_samples", 1, False), ("data.eval_every", n, False),
+                 ("data.eval_max_tasks", SMOKE_EVAL_TASKS, True),
+                 ("generation.max_new_tokens", SMOKE_NEW_TOKENS, True),
+                 ("rl.overlong_buffer", SMOKE_NEW_TOKENS, False)]
+    applied = []
+    for key, cap, unset_too in caps:
+        section, name = key.split(".")
+        node = raw.get(section, {})
+        current = node.get(name) if isinstance(node, dict) else None
+        if (isinstance(current, int) and 0 < current <= cap) or (not current and not unset_too):
+            continue
+        apply_override(raw, f"{key}={cap}")
+        applied.append(f"{key}={cap}")
+        logging.getLogger("mlx_rlaif").info(
+            f"{SMOKE_ENV}={n}: {key} = {cap} (was {'unset' if current is None else current})")
+    return applied
 
 
 def read_raw(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:

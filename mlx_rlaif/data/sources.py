@@ -6,8 +6,8 @@ needs nothing beyond the standard library; Parquet needs `pyarrow` and a `save_t
 directory needs `datasets`, both imported only when such a file is read (a missing one is a
 one-line error naming `pip install ...`).
 
-Not covered: downloading (use `datasets` on a machine with network, see README "Training on
-MBPP"), files larger than memory, a `DatasetDict` directory (pass one of its split folders).
+Not covered: downloading (use `datasets` on a machine with network, see docs/data.md, "Training
+on MBPP"), files larger than memory, a `DatasetDict` directory (pass one of its split folders).
 """
 
 from __future__ import annotations

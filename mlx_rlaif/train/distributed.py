@@ -4,7 +4,7 @@ by `torchrun` (torch.distributed: gloo, NCCL). No transport of our own: every by
 the engine's collectives (backends/mlx/parallel.py, backends/torch/parallel.py).
 
 `World` is the group as the loop sees it; with one process (`World()`) every method is the
-identity and no collective runs. What each rank does (README, "Training across machines"):
+identity and no collective runs. What each rank does (docs/distributed.md):
 
 - it runs rank 0's config (`first`) with the same seed for the LoRA init and the task order;
 - it takes its `share` of each step's prompts (contiguous, so every group of G completions is

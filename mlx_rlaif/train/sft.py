@@ -40,7 +40,16 @@ from ..backends.batch import chunks
 from ..backends.mlx.policy import adapter_config_for, load_policy
 from ..backends.mlx.update import apply_update, make_optimizer
 from ..backends.sampling import format_prompt
-from ..config import LoraConfig, ModelConfig, TrainingConfig, build_section, opt, read_raw, to_dict
+from ..config import (
+    LoraConfig,
+    ModelConfig,
+    TrainingConfig,
+    build_section,
+    opt,
+    read_raw,
+    smoke_caps,
+    to_dict,
+)
 from ..config.loading import check_length
 from ..cpu.kernels import training_fast_paths
 from ..data import read_jsonl
@@ -88,6 +97,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
                 ) -> SFTRunConfig:
     """Strictly load an SFT config (sections model, lora, training, sft) and `a.b=c` overrides."""
     raw = read_raw(path, overrides)
+    smoke_caps(raw, rl=False)
     training = raw.setdefault("training", {})
     if isinstance(training, dict):
         training.setdefault("output_dir", "runs/sft")

@@ -61,14 +61,15 @@ EVAL_FILE = "eval.json"  # held-out evaluations of the run: {"before": {...}, "a
 def prepare(cfg: Config, run_dir: Path, resume_from: Path | None, world: World | None = None):
     """All checks that can fail on user input, before anything is written. With several
     ranks, the run directory is rank 0's, and each rank builds its own reward (`rank_config`)."""
-    from ..config import check
+    from ..config import check, smoke_eval_tasks
 
     world = world or World()
     check(cfg)
     d = cfg.data
     tasks = load_tasks(d.train_file, d.languages, 0, d.difficulties)
     tasks = decontaminated(tasks, d)[: d.max_tasks or None]
-    eval_tasks = load_tasks(d.eval_file, d.languages, 0, d.difficulties) if d.eval_file else []
+    eval_tasks = load_tasks(d.eval_file, d.languages, smoke_eval_tasks(), d.difficulties) \
+        if d.eval_file else []
     if world.rank == 0 and resume_from is None and checkpoint.list_checkpoints(run_dir):
         raise ConfigError(f"output dir {run_dir} already holds a run: pass --resume to continue "
                           "it or choose another --output-dir")

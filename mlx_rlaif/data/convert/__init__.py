@@ -8,7 +8,7 @@ livecodebench.py) and returns the tasks and the records it could not convert, ea
 and the reason: a record is never dropped silently. A task's id is `<prefix>/<the set's own
 id>` (`Options.id_prefix`, default the set's name; HumanEval keeps `HumanEval/N`).
 
-Not covered: downloading (see README "Training on MBPP"), deduplication across sets (that is
+Not covered: downloading (see docs/data.md, "Training on MBPP"), deduplication across sets (that is
 `data overlap`), checking that the reference solutions pass (`mlx-rlaif data convert --check`
 does, with the exec reward).
 """
