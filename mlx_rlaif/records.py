@@ -62,6 +62,9 @@ class Rollout:
     holds every answer and the feedback turns between them; `mask[i]` is 1 for the student's
     tokens and 0 for feedback (whose log-probs are 0 and never trained on); `text` is the last
     answer, `turns` each answer with its feedback. `mask` None: every token is the student's.
+    `behind`: the optimizer updates made since the weights that sampled it (0: sampled this
+    step; a group carried by dynamic sampling: its age), so the sampler/trainer agreement is
+    measured only where the sampler's weights are the trainer's.
     """
 
     task: Task
@@ -73,6 +76,7 @@ class Rollout:
     temperature: float
     mask: tuple[int, ...] | None = None
     turns: tuple[Turn, ...] = ()
+    behind: int = 0
 
     @property
     def truncated(self) -> bool:

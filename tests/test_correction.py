@@ -26,7 +26,7 @@ from mlx_rlaif.backends.mlx.update import make_optimizer, policy_logprobs, updat
 from mlx_rlaif.backends.sampling import SamplingParams
 from mlx_rlaif.config import RLConfig
 from mlx_rlaif.config import load as load_config
-from mlx_rlaif.records import Task
+from mlx_rlaif.records import Rollout, Task
 
 # gaps d = trainer - sampler log-prob of 3 student tokens, then a feedback token (mask 0) whose
 # gap is huge and must count nowhere
@@ -275,6 +275,35 @@ def test_update_keeps_iteration_1s_log_probs(micro_model, exact_rollouts):
     assert biased["policy/sampler_logp_absdiff_max"] == pytest.approx(0.9, rel=1e-3)
     assert biased["policy/sampler_far_frac"] == pytest.approx(np.mean(b == -0.9))
     assert biased["policy/is_truncated_frac"] == pytest.approx(np.mean(b == -0.9))
+
+
+def test_carried_rows_are_not_a_mismatch(micro_model, exact_rollouts):
+    """A group carried by dynamic sampling was sampled updates ago (Rollout.behind > 0): its
+    recorded log-probs differ from the trainer's by the policy's change, not by a mismatch, so
+    the agreement metrics count only the rows sampled at the trainer's weights (before, the
+    shipped full-python recipe warned 'sampler and trainer disagree' at sampler_kl ~3e-3 with
+    float32 decoding exact to 1e-11). Half the rows carried and biased: the metrics are the
+    exact half's; every row carried: no agreement metric at all."""
+    from dataclasses import replace
+    rollouts, bias = exact_rollouts
+    half = len(rollouts) // 2
+    mixed = rollouts[:half] + [replace(r, behind=1) for r in _biased(rollouts, bias)[half:]]
+    m, _ = _run(micro_model, mixed, [])
+    assert m["policy/sampler_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m["policy/sampler_logp_absdiff_max"] < 1e-3 and m["policy/sampler_far_frac"] == 0
+    carried = [replace(r, behind=2) for r in _biased(rollouts, bias)]
+    m, _ = _run(micro_model, carried, [])
+    assert "policy/sampler_kl" not in m and m["train/tokens"] > 0
+
+
+def test_dynamic_sampling_stamps_a_carried_group_with_its_age():
+    from mlx_rlaif.train.carry import Group
+    from mlx_rlaif.train.dynamic import stamped
+
+    r = Rollout(Task("t", "p"), (1,), (2, 3), (-0.1, -0.2), "x", "stop", 1.0)
+    g = Group([r, r], [], version=3)
+    assert stamped(g, 3, 2) is g  # sampled this step
+    assert [x.behind for x in stamped(g, 4, 2).rollouts] == [2, 2]  # one step of 2 updates
 
 
 def test_torch_update_keeps_iteration_1s_log_probs(micro_model, exact_rollouts):

@@ -56,12 +56,14 @@ def old_logp(logp: Any, mb: dict[str, Any], rl: Any, xp: Any) -> Any:
 def agreement(logp: Any, sampler_logp: Any, mask: Any, cap: float, xp: Any
               ) -> dict[str, Any]:
     """Masked sums (and one max) of the sampler-vs-trainer gap, for the aux of the loss:
-    sampler_k3, sampler_far (tokens whose |d| > ln cap), sampler_absdiff_max."""
+    sampler_k3, sampler_far (tokens whose |d| > ln cap), sampler_absdiff_max, and
+    sampler_tokens (the mask's). `mask`: the tokens sampled at the trainer's weights (a carried
+    group's were sampled updates ago: its gap is the policy's change, not a mismatch)."""
     d = (detached(logp, xp) - sampler_logp) * mask
     far = (xp.abs(d) > math.log(cap)) * mask
     k3 = xp.clip(xp.expm1(d) - d, 0.0, None)  # exp(d) - d - 1, exact for tiny gaps
     return {"sampler_k3": (k3 * mask).sum(), "sampler_far": far.sum(),
-            "sampler_absdiff_max": xp.abs(d).max()}
+            "sampler_absdiff_max": xp.abs(d).max(), "sampler_tokens": mask.sum()}
 
 
 def log_weights(old: Any, sampler_logp: Any, mask: Any, level: str) -> Any:
@@ -109,11 +111,11 @@ def metrics(first: dict[str, float]) -> dict[str, float]:
     k3 per token), policy/sampler_logp_absdiff_max, policy/sampler_far_frac; with a correction
     policy/is_weight_mean and policy/is_truncated_frac (tis) or policy/is_masked_frac (mis)."""
     n = max(first.get("tokens", 0.0), 1.0)
+    seen = first.get("sampler_tokens", n)
     m = {}
-    if "sampler_k3" in first:
-        m["policy/sampler_kl"] = first["sampler_k3"] / n
-        m["policy/sampler_far_frac"] = first["sampler_far"] / n
-    if "sampler_absdiff_max" in first:
+    if "sampler_k3" in first and seen > 0:  # none when every row was carried (dynamic.py)
+        m["policy/sampler_kl"] = first["sampler_k3"] / seen
+        m["policy/sampler_far_frac"] = first["sampler_far"] / seen
         m["policy/sampler_logp_absdiff_max"] = first["sampler_absdiff_max"]
     for key in ("is_weight", "is_truncated", "is_masked"):
         if key in first:

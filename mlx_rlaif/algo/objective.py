@@ -144,7 +144,8 @@ def objective(logp: Any, entropy: Any, mb: dict[str, Any], rl: Any, kl_penalty: 
     aux = {"tokens": mask.sum(), "pg": (pg * w).sum(), "entropy": (entropy * mask).sum(),
            "clipped": (clipped * mask).sum(), "ratio": (ratio * mask).sum(),
            "approx_kl": (0.5 * (logp - sampler) ** 2 * mask).sum(),
-           **correction.agreement(logp, sampler, mask, rl.is_cap, xp), **is_aux}
+           **correction.agreement(logp, sampler, mb.get("sampled", mask), rl.is_cap, xp),
+           **is_aux}
     if rl.is_correction != "none" and correction.TRAINER_LOGP not in mb:
         aux[correction.TRAINER_LOGP] = correction.detached(logp, xp)  # kept for iterations 2..
     if "ref_logp" in mb:

@@ -101,6 +101,8 @@ def _targets(rollouts: Sequence[Rollout], starts: Sequence[int], width: int,
         for k, values in per_token.items():
             out[k][i, start:stop] = values[i]
     out["mask"], out["weights"] = mask, mask * np.asarray(weights, dtype=np.float32)[:, None]
+    # the tokens sampled at the trainer's weights (a carried group's were not: records.Rollout)
+    out["sampled"] = mask * np.asarray([r.behind == 0 for r in rollouts], np.float32)[:, None]
     if "adv" not in out:
         out["adv"] = np.asarray(adv, dtype=np.float32)
     return out

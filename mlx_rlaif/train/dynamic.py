@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..records import Reward, Rollout, Task
 from .carry import Group, carry_state, restore_carry
@@ -64,7 +65,14 @@ def collect(run: Run, need: int, draw: Callable[[int], list[Task]],
                "sample/carried_used": float(sum(g.version < version for g in used)),
                "sample/carried_dropped": float(stale),
                "sample/generations_per_kept_group": generated / max(len(used), 1)}
-    return world.share(used), gen, metrics
+    return [stamped(g, version, rl.num_iterations) for g in world.share(used)], gen, metrics
+
+
+def stamped(group: Group, step: int, num_iterations: int) -> Group:
+    """`group` with each rollout's `behind` (records.Rollout) set to its age at step `step`."""
+    n = age(group, step, num_iterations)
+    return group if n == 0 else replace(group, rollouts=[replace(r, behind=n)
+                                                         for r in group.rollouts])
 
 
 def age(group: Group, step: int, num_iterations: int) -> int:
