@@ -116,6 +116,7 @@ def metrics(first: dict[str, float]) -> dict[str, float]:
     if "sampler_k3" in first and seen > 0:  # none when every row was carried (dynamic.py)
         m["policy/sampler_kl"] = first["sampler_k3"] / seen
         m["policy/sampler_far_frac"] = first["sampler_far"] / seen
+    if "sampler_absdiff_max" in first and seen > 0:  # a rank with no rows has no maximum
         m["policy/sampler_logp_absdiff_max"] = first["sampler_absdiff_max"]
     for key in ("is_weight", "is_truncated", "is_masked"):
         if key in first:
