@@ -137,8 +137,14 @@ def test_gradient_accumulation_equals_one_step_on_the_combined_batch(micro_model
     for (_, ma), (_, mb) in zip(a.steps, b.steps, strict=True):  # same loss, same gradient
         for key in ("loss/total", "optim/grad_norm", "kl/mean", "train/tokens"):
             assert mb[key] == pytest.approx(ma[key], rel=1e-4), key
-    for k in whole:  # Adam's first steps are ~lr * sign(g): float noise in tiny g shows up
-        np.testing.assert_allclose(accumulated[k], whole[k], rtol=1e-3, atol=1e-3)
+    # Adam's first steps are ~lr * sign(g): where g is float noise (summed in another order
+    # over two micro-batches) its sign can flip, so a few weights may differ by up to 2 steps
+    # x 2 lr (one of 512 did when the decoding loop changed the recorded log-probs' rounding);
+    # the rest agree to 1e-3
+    for k in whole:
+        off = ~np.isclose(accumulated[k], whole[k], rtol=1e-3, atol=1e-3)
+        assert off.mean() <= 0.01, (k, off.mean())
+        assert np.abs(accumulated[k] - whole[k]).max() <= 4 * 0.02, k
     assert max(np.abs(v).max() for k, v in whole.items() if k.endswith("lora_b")) > 0
 
 
