@@ -38,16 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mlx_rlaif.backends.mlx import memory  # noqa: E402
 from mlx_rlaif.errors import ConfigError  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_scale import SHAPES_7B  # noqa: E402
+
 # Qwen2.5-Coder-*-Instruct config.json: layers, hidden, intermediate, heads, kv heads, vocab, tied
+# (1.5B-7B: tools/bench_scale.py's, the same published values)
 SHAPES = {
     "0.5B": dict(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, vocab=151936,
                  tied=True),
-    "1.5B": dict(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936,
-                 tied=True),
-    "3B": dict(layers=36, hidden=2048, intermediate=11008, heads=16, kv_heads=2, vocab=151936,
-               tied=True),
-    "7B": dict(layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, vocab=152064,
-               tied=False),
+    **SHAPES_7B,
 }
 MAC_GB = (16, 24, 32, 64)
 RANK = 8
