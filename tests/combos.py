@@ -45,6 +45,11 @@ FACTORS: dict[str, dict[str, tuple[str, ...]]] = {
     "rl.adaptive_kl": {k: (f"rl.adaptive_kl={k}",) for k in ("false", "true")},
     "rl.dynamic_sampling": {k: (f"rl.dynamic_sampling={k}",) for k in ("false", "true")},
     "rl.guidance": {k: (f"rl.guidance={k}",) for k in ("false", "true")},
+    # null: one step's updates; 0: carried groups never used; 4: up to two steps old at
+    # num_iterations 2 (values between 0 and num_iterations are refused with dynamic sampling:
+    # tests/test_dynamic_limits.py)
+    "rl.carry_max_age": {"default": (), "0": ("rl.carry_max_age=0",),
+                         "4": ("rl.carry_max_age=4",)},
     "data.curriculum": {k: (f"data.curriculum={k}",) for k in ("false", "true")},
     "generation.max_turns": {k: (f"generation.max_turns={k}",) for k in ("1", "2")},
     "rl.num_iterations": {k: (f"rl.num_iterations={k}",) for k in ("1", "2")},
