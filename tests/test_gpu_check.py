@@ -44,6 +44,14 @@ def test_a_stage_the_budget_cannot_hold_is_skipped(tmp_path: Path) -> None:
     assert res["tests"]["status"].startswith("skipped:")
 
 
+def test_only_runs_the_stages_in_the_order_given(tmp_path: Path) -> None:
+    """A short lease names the stages it needs first (the last GPU run's `--only` list was
+    re-sorted into the default order, and its budget went on stages it did not need first)."""
+    res = gpu_check(tmp_path, "--only", "tests,env", "--budget", "1")
+    assert [k for k in res if k not in ("command", "seconds")] == ["tests", "env"]
+    assert res["tests"]["status"].startswith("skipped:") and res["env"]["status"] == "ok"
+
+
 def test_the_q4_probe_stage_reports_alone(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "q4_probe.py"), "--stage",
                            "head", "--shape", "micro", "--rows", "7"], capture_output=True,

@@ -2,7 +2,7 @@
 MLX path measured on the GPU in stages, each in its own process, each writing its part of one
 JSON as it ends, so a run cut short (a crash, the time budget) still reports what it reached.
 
-    python tools/gpu_check.py --wheels .whl --out $OUT/gpu_check.json        # ~6 minutes
+    python tools/gpu_check.py --wheels .whl --out $OUT/gpu_check.json --budget 600  # ~10 min
     python tools/gpu_check.py --out /tmp/check.json --only env,quickstart    # some stages
     python tools/gpu_check.py --quick --out /tmp/check.json                  # CPU smoke test
 
@@ -12,7 +12,11 @@ for one transfer, may come as the unpacked wheel in a tar.xz split in parts (`*.
 in DIR or in `--parts DIR`), unpacked into the same target. libmlx.so finds the CUDA libraries
 through `../../nvidia/...` beside it, so the target gets a link to the image's `nvidia` folder.
 
-Stages (`--only` picks some; each skipped when the budget cannot hold its usual time):
+Stages (`--only` picks some and runs them in the order given; each skipped when the budget
+cannot hold its usual time). Every stage shares one MLX kernel cache (`MLX_PTX_CACHE_DIR`, under
+the work folder): on a fresh machine the first process to run compiles MLX's CUDA kernels, which
+took 143 s of the quickstart's first step on an H200 (BENCHMARKS.md, "On an accelerator"), so a
+whole check on a fresh machine takes about 10 minutes and a short lease should pick its stages:
 - `env`: versions, the device as MLX reports it, the MLX builds installed, nvidia-smi;
 - `model`: a random Qwen2.5-0.5B-shaped model in bfloat16 with Qwen2.5's real tokenizer;
 - `quickstart_cold`, `quickstart_warm`: `mlx-rlaif train` (the embedded quickstart: 60 steps,
@@ -55,9 +59,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MARK = "GPU-CHECK-RESULT "
 WORK = Path(tempfile.gettempdir()) / "mlx-rlaif-gpu-check"
 SITE = Path(tempfile.gettempdir()) / "mlx-rlaif-site"
+PTX = WORK / "ptx-cache"  # MLX's CUDA kernel cache (MLX_PTX_CACHE_DIR), one for every stage
 # (stage, the seconds it usually takes on one GPU: a stage starts only when the budget holds it)
-STAGES = (("env", 10), ("model", 30), ("quickstart_cold", 90), ("quickstart_warm", 60),
-          ("doctor", 40), ("ours_bf16", 45), ("ours_q4", 45), ("q4_probe", 60),
+STAGES = (("env", 10), ("model", 30), ("quickstart_cold", 270), ("quickstart_warm", 60),
+          ("doctor", 60), ("ours_bf16", 45), ("ours_q4", 45), ("q4_probe", 60),
           ("decode_peer", 25), ("tests", 60), ("peer_bf16", 100))
 EXTRAS = (("profile_decode", 60), ("profile_update", 60), ("memory_bf16", 90))
 TEST_FILES = ("tests/test_losses.py", "tests/test_chunked_loss.py", "tests/test_compiled.py",
@@ -164,12 +169,11 @@ def st_quickstart(quick: bool, cache: str) -> dict:
     """The quickstart from the CLI; `cache`: the MLX kernel cache folder (emptied for cold)."""
     out = WORK / f"quickstart-{cache}"
     shutil.rmtree(out, ignore_errors=True)
-    ptx = WORK / "ptx-cache"
     if cache == "cold":
-        shutil.rmtree(ptx, ignore_errors=True)
+        shutil.rmtree(PTX, ignore_errors=True)
     args = ["train", "--output-dir", str(out)] + (["--max-steps", "3", "--set",
                                                   "data.eval_file="] if quick else [])
-    rc, text, wall = cli(args, {"MLX_PTX_CACHE_DIR": str(ptx)})
+    rc, text, wall = cli(args, {"MLX_PTX_CACHE_DIR": str(PTX)})
     res: dict[str, Any] = {"rc": rc, "wall_s": wall, "tail": text[-1500:] if rc else text[-400:]}
     evals = out / "eval.json"
     if evals.is_file():
@@ -306,7 +310,7 @@ def extra_args(name: str, quick: bool) -> list[str]:
     s = shape(quick)
     size = "tiny" if quick else "0.5b"
     if name == "profile_decode":
-        return ["--shape", size, "--dtype", "bfloat16", "--widths", "4,16" if quick else "16,32",
+        return ["--shape", "tiny" if quick else "qwen0.5b", "--dtype", "bfloat16", "--widths", "4,16" if quick else "16,32",
                 "--tokens", str(s["T"])]
     if name == "profile_update":
         return ["--shape", size, "--dtype", "bfloat16", "--rows", f"{s['P']},{s['G']}",
@@ -402,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", type=Path, help="more parts of the split CUDA build")
     ap.add_argument("--only", default="", help="comma-separated stages")
     ap.add_argument("--extras", action="store_true", help="also the profiles (see above)")
-    ap.add_argument("--budget", type=float, default=360.0, help="seconds for all stages")
+    ap.add_argument("--budget", type=float, default=600.0, help="seconds for all stages")
     ap.add_argument("--quick", action="store_true", help="the tiny shape, short settings")
     ap.add_argument("--stage", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -422,14 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT), *filter(None, [env.get(
         "PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env["MLX_PTX_CACHE_DIR"] = str(PTX)
     names = [n for n, _ in STAGES] + ([n for n, _ in EXTRAS] if a.extras else [])
     if a.only:
-        wanted = a.only.split(",")
-        unknown = set(wanted) - {n for n, _ in STAGES + EXTRAS}
+        names = list(dict.fromkeys(a.only.split(",")))
+        unknown = set(names) - {n for n, _ in STAGES + EXTRAS}
         if unknown:
             ap.error(f"unknown stage(s) {', '.join(sorted(unknown))}")
-        names = [n for n in names + [n for n, _ in EXTRAS] if n in wanted]
-        names = list(dict.fromkeys(names))
     orchestrate(names, a.out, a.quick, a.budget - (time.perf_counter() - tic), env, results)
     results["seconds"] = time.perf_counter() - tic
     save(a.out, results)

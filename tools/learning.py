@@ -37,7 +37,7 @@ tasks of the dev split or of `synthetic-eval` (`--on eval`): pass@1 at T = 0.7 a
   adapters evaluated on the same split (`sft/*`: the RL phase's start), then RL from them for
   the rest (configs/sft-then-rl.yaml: full-python's recipe, `lora.init_adapter` the SFT run,
   `rl.reference` initial unless `--set rl.reference=base`); `rl_gain/*` is the RL phase's own
-  gain over its SFT start. The name carries the share (`sft+rl+share=0.5`).
+  gain over its SFT start. The name carries the share (`sft+rl+share=0.67`).
 
 `--dtype bfloat16` (or float16) runs an arm on the frozen model converted to that dtype
 (`mlx-rlaif convert --dtype`, once, into .bench/learning/model-DTYPE; the weights MLX computes
@@ -427,7 +427,7 @@ def main() -> int:
     r.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="the frozen model converted to this dtype (RL arms)")
     r.add_argument("--on", choices=["dev", "eval"], default="dev")
-    r.add_argument("--sft-share", type=float, default=0.5,
+    r.add_argument("--sft-share", type=float, default=0.67,
                    help="sft+rl: the SFT phase's share of --minutes (the rest is RL)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an RL arm's extra config override (tuning on dev); named in the results")

@@ -38,7 +38,8 @@ kept. `--compare` runs ours (compiled), eager and mlx-lm's `BatchGenerator` (sam
 kernels, its own sampler and loop, rows prefilled per prompt, no log-prob read-back) at the
 same width and tokens, interleaved, and reports tokens/s (prefill included) and the ratios.
 
-`--json OUT` writes the results, merged into OUT when it exists (one key per setting).
+`--json OUT` writes each setting's result as it ends, merged into OUT when it exists (one key
+per setting), so a run cut short keeps what it measured.
 
 Not covered: real weights (decoding cost does not depend on them; where rows stop does),
 quantized models, prompts of real length distributions.
@@ -78,17 +79,23 @@ def main(argv: list[str] | None = None) -> int:
                 key = f"compare/{args.shape}/{dtype}/w{width}/T{args.tokens}"
                 results[key] = compare(setting, args.reps)
                 print_compare(key, results[key])
+                save(args, {key: results[key]}, argv)
                 continue
             for lora in args.lora.split(","):
                 for loop in args.loops.split(","):
                     key = f"{args.shape}/{dtype}/{lora}/w{width}/{loop}/T{args.tokens}"
                     results[key] = profile(setting, loop, lora == "fused", args.reps)
                     print_profile(key, results[key])
+                    save(args, {key: results[key]}, argv)
         del model
         mx.clear_cache()
+    return 0
+
+
+def save(args: argparse.Namespace, results: dict[str, Any], argv: list[str] | None) -> None:
+    """Each setting's result into `--json` as it ends, so a run cut short keeps what it did."""
     if args.json:
         write_json(Path(args.json), results, argv)
-    return 0
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -299,11 +306,12 @@ def machine() -> dict[str, Any]:
 def write_json(path: Path, results: dict[str, Any], argv: list[str] | None) -> None:
     data = json.loads(path.read_text()) if path.is_file() else {}
     data.setdefault("profile_decode", {}).update(results)
-    data.setdefault("profile_decode_runs", []).append(
-        {"command": "python tools/profile_decode.py " + " ".join(argv or sys.argv[1:]),
-         "machine": machine(), "keys": sorted(results)})
+    command = "python tools/profile_decode.py " + " ".join(argv or sys.argv[1:])
+    runs = data.setdefault("profile_decode_runs", [])
+    if not runs or runs[-1]["command"] != command:
+        runs.append({"command": command, "machine": machine(), "keys": []})
+    runs[-1]["keys"] = sorted({*runs[-1]["keys"], *results})
     path.write_text(json.dumps(data, indent=1))
-    print(f"profile_decode: wrote {path}")
 
 
 if __name__ == "__main__":
