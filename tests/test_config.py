@@ -119,6 +119,12 @@ def test_shipped_configs_load_and_pass_the_checks(name):
         first = load_sft(ROOT / "configs" / "sft-then-rl-sft.yaml")
         assert cfg.lora.init_adapter == first.training.output_dir
         assert cfg.model.path == first.model.path
+        # the settings chosen on the dev split: the RL phase at a quarter of the RL recipe's
+        # learning rate (at 2e-4 it undid SFT), two thirds of the time for SFT, reference initial
+        recipe = check(load(ROOT / "configs" / "full-python.yaml"))
+        assert cfg.training.learning_rate == recipe.training.learning_rate / 4
+        share = first.training.max_minutes / (first.training.max_minutes + cfg.training.max_minutes)
+        assert abs(share - 2 / 3) < 0.01 and cfg.rl.reference == "initial"
 
 
 @pytest.mark.parametrize(

@@ -310,8 +310,8 @@ def extra_args(name: str, quick: bool) -> list[str]:
     s = shape(quick)
     size = "tiny" if quick else "0.5b"
     if name == "profile_decode":
-        return ["--shape", "tiny" if quick else "qwen0.5b", "--dtype", "bfloat16", "--widths", "4,16" if quick else "16,32",
-                "--tokens", str(s["T"])]
+        return ["--shape", "tiny" if quick else "qwen0.5b", "--dtype", "bfloat16",
+                "--widths", "4,16" if quick else "16,32", "--tokens", str(s["T"])]
     if name == "profile_update":
         return ["--shape", size, "--dtype", "bfloat16", "--rows", f"{s['P']},{s['G']}",
                 "--tokens", str(s["T"])]
