@@ -70,23 +70,22 @@ def main(argv: list[str] | None = None) -> int:
     maybe_reexec_with_fast_blas([sys.executable, *sys.argv])  # as the CLI runs (CPU build)
     import mlx.core as mx
 
-    results: dict[str, Any] = {}
     for dtype in args.dtype.split(","):
         model = build_model(args.shape, dtype, args.seed)
         for width in [int(w) for w in args.widths.split(",")]:
             setting = Setting(model, args, width)
             if args.compare:
                 key = f"compare/{args.shape}/{dtype}/w{width}/T{args.tokens}"
-                results[key] = compare(setting, args.reps)
-                print_compare(key, results[key])
-                save(args, {key: results[key]}, argv)
+                result = compare(setting, args.reps)
+                print_compare(key, result)
+                save(args, {key: result}, argv)
                 continue
             for lora in args.lora.split(","):
                 for loop in args.loops.split(","):
                     key = f"{args.shape}/{dtype}/{lora}/w{width}/{loop}/T{args.tokens}"
-                    results[key] = profile(setting, loop, lora == "fused", args.reps)
-                    print_profile(key, results[key])
-                    save(args, {key: results[key]}, argv)
+                    result = profile(setting, loop, lora == "fused", args.reps)
+                    print_profile(key, result)
+                    save(args, {key: result}, argv)
         del model
         mx.clear_cache()
     return 0
