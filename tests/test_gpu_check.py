@@ -38,6 +38,22 @@ def test_the_check_runs_its_stages_and_records_each(tmp_path: Path) -> None:
     assert list(res)[:2] == ["command", "env"]
 
 
+@pytest.mark.slow
+def test_the_decode_comparison_records_paired_ratios_per_width(tmp_path: Path) -> None:
+    """The `decode_compare` extra: tools/profile_decode.py --compare, its result per width with
+    the side-by-side ratios (rep i of ours over rep i of the peer) beside the medians."""
+    res = gpu_check(tmp_path, "--only", "decode_compare", "--budget", "300")
+    stage = res["decode_compare"]
+    assert stage["status"] == "ok", stage
+    rows = stage["result"]["profile_decode"]
+    assert sorted(rows) == ["compare/tiny/bfloat16/w16/T16", "compare/tiny/bfloat16/w4/T16"]
+    for r in rows.values():
+        assert {len(v) for v in r["runs"].values()} == {2}
+        ratios = [a / b for a, b in zip(r["runs"]["ours"], r["runs"]["mlx_lm"], strict=True)]
+        p = r["paired"]["ours_over_mlx_lm"]
+        assert p["min"] == min(ratios) and p["max"] == max(ratios) and p["min"] > 0
+
+
 def test_a_stage_the_budget_cannot_hold_is_skipped(tmp_path: Path) -> None:
     res = gpu_check(tmp_path, "--only", "env,tests", "--budget", "1")
     assert res["env"]["status"] == "ok"

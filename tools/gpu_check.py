@@ -31,8 +31,9 @@ whole check on a fresh machine takes about 10 minutes and a short lease should p
   on the same model: the decode speed the loop is held to;
 - `peer_bf16`: mlx-lm-lora's GRPO at the same settings (3 steps, 2 where the budget is short);
 - `tests`: the test files that run on MLX's default device (the GPU here);
-- extras (`--extras`): tools/profile_decode.py and tools/profile_update.py at the 0.5B shape
-  in bfloat16, and the memory plan against measured peaks at 128 to 1,024 tokens.
+- extras (`--extras`): tools/profile_decode.py (per phase; `decode_compare`: ours, eager and
+  BatchGenerator interleaved at widths 16 and 32, 5 reps) and tools/profile_update.py at the
+  0.5B shape in bfloat16, and the memory plan against measured peaks at 128 to 1,024 tokens.
 
 `--quick` runs the same stages at the tiny shape with short settings (how tests/test_gpu_check.py
 checks the script on the CPU build).
@@ -64,7 +65,14 @@ PTX = WORK / "ptx-cache"  # MLX's CUDA kernel cache (MLX_PTX_CACHE_DIR), one for
 STAGES = (("env", 10), ("model", 30), ("quickstart_cold", 270), ("quickstart_warm", 60),
           ("doctor", 60), ("ours_bf16", 45), ("ours_q4", 45), ("q4_probe", 60),
           ("decode_peer", 25), ("tests", 60), ("peer_bf16", 100))
-EXTRAS = (("profile_decode", 60), ("profile_update", 60), ("memory_bf16", 90))
+EXTRAS = (("profile_decode", 60), ("decode_compare", 90), ("profile_update", 60),
+          ("memory_bf16", 90))
+# The stages that compile MLX's kernels: the first of them to run on a fresh machine may take up
+# to COLD_S more than its usual time (143 s measured on an H200), so its cap allows that.
+COMPILES = ("quickstart_cold", "quickstart_warm", "doctor", "ours_bf16", "ours_q4", "q4_probe",
+            "decode_peer", "tests", "peer_bf16", "profile_decode", "decode_compare",
+            "profile_update", "memory_bf16")
+COLD_S = 240
 TEST_FILES = ("tests/test_losses.py", "tests/test_chunked_loss.py", "tests/test_compiled.py",
               "tests/test_decode.py", "tests/test_shared_prompt.py", "tests/test_policy.py",
               "tests/test_gae.py")
@@ -309,9 +317,11 @@ def st_tool(quick: bool, name: str, args: list[str], budget: float) -> dict:
 def extra_args(name: str, quick: bool) -> list[str]:
     s = shape(quick)
     size = "tiny" if quick else "0.5b"
-    if name == "profile_decode":
+    if name in ("profile_decode", "decode_compare"):
+        reps = ["--compare", "--reps", "2" if quick else "5"] if name == "decode_compare" else []
         return ["--shape", "tiny" if quick else "qwen0.5b", "--dtype", "bfloat16",
-                "--widths", "4,16" if quick else "16,32", "--tokens", str(s["T"])]
+                "--widths", "4,16" if quick else "16,32", "--tokens",
+                str(s["T"] if quick else 128), *reps]
     if name == "profile_update":
         return ["--shape", size, "--dtype", "bfloat16", "--rows", f"{s['P']},{s['G']}",
                 "--tokens", str(s["T"])]
@@ -338,7 +348,7 @@ def run_stage(name: str, quick: bool, budget: float) -> dict:
         return st_peer(quick, 3 if budget >= 130 or quick else 2)
     if name == "tests":
         return st_tests(quick, budget)
-    tool = "profile_update" if name == "memory_bf16" else name
+    tool = {"memory_bf16": "profile_update", "decode_compare": "profile_decode"}.get(name, name)
     return st_tool(quick, tool, extra_args(name, quick), budget)
 
 
@@ -377,6 +387,7 @@ def orchestrate(names: list[str], out: Path, quick: bool, budget: float, env: di
                 results: dict) -> dict:
     start = time.perf_counter()
     costs = dict(STAGES + EXTRAS)
+    cold = True  # until a stage that compiles has run
     for name in names:
         left = budget - (time.perf_counter() - start)
         if not needed(name, results):
@@ -384,8 +395,10 @@ def orchestrate(names: list[str], out: Path, quick: bool, budget: float, env: di
         elif left < (5 if quick else costs[name]) and name not in ("env",):
             results[name] = {"status": f"skipped: {left:.0f} s left of the budget"}
         else:
-            stage_budget = max(left, 5.0) if quick else min(max(left, 10.0), 3 * costs[name])
+            cap = 3 * costs[name] + (COLD_S if cold and name in COMPILES else 0)
+            stage_budget = max(left, 5.0) if quick else min(max(left, 10.0), cap)
             results[name] = spawn(name, quick, stage_budget, env)
+            cold = cold and name not in COMPILES
         print(f"gpu_check: {name}: {results[name]['status']} "
               f"({results[name].get('wall_s', 0):.0f} s)", flush=True)
         save(out, results)

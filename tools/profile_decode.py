@@ -270,7 +270,16 @@ def compare(s: Setting, reps: int) -> dict[str, Any]:
     med = {k: statistics.median(v) for k, v in tps.items()}
     return {"width": s.width, "tokens": s.tokens, "tokens_per_s": med, "runs": tps,
             "ours_over_eager": med["ours"] / med["eager"],
-            "ours_over_mlx_lm": med["ours"] / med["mlx_lm"]}
+            "ours_over_mlx_lm": med["ours"] / med["mlx_lm"],
+            "paired": {"ours_over_eager": paired(tps["ours"], tps["eager"]),
+                       "ours_over_mlx_lm": paired(tps["ours"], tps["mlx_lm"])}}
+
+
+def paired(a: list[float], b: list[float]) -> dict[str, float]:
+    """The ratios of runs made side by side (rep i of `a` over rep i of `b`): median and range,
+    robust to a host whose speed drifts between reps."""
+    r = [x / y for x, y in zip(a, b, strict=True)]
+    return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
 def print_profile(key: str, r: dict[str, Any]) -> None:
@@ -284,10 +293,11 @@ def print_profile(key: str, r: dict[str, Any]) -> None:
 
 
 def print_compare(key: str, r: dict[str, Any]) -> None:
-    t = r["tokens_per_s"]
+    t, p = r["tokens_per_s"], r["paired"]
     print(f"{key}: tok/s ours {t['ours']:.0f}, eager {t['eager']:.0f}, mlx-lm "
           f"{t['mlx_lm']:.0f}: ours/eager {r['ours_over_eager']:.2f}x, ours/mlx-lm "
-          f"{r['ours_over_mlx_lm']:.2f}x", flush=True)
+          f"{r['ours_over_mlx_lm']:.2f}x; paired medians {p['ours_over_eager']['median']:.2f}x "
+          f"and {p['ours_over_mlx_lm']['median']:.2f}x", flush=True)
 
 
 def machine() -> dict[str, Any]:
