@@ -149,3 +149,29 @@ def test_the_cli_names_the_install_when_mlx_cannot_load(monkeypatch: pytest.Monk
     err = capsys.readouterr().err
     assert err.startswith("mlx-rlaif: error: no MLX backend is installed")
     assert "'mlx-rlaif[cuda13]'" in err
+
+
+def test_quantized_models_are_refused_on_cuda_builds_with_the_qmm_fault() -> None:
+    """ml-explore/mlx#3487 (an illegal memory access in the CUDA quantized matmul, the issue's
+    4-bit crash at the 0.5B shape) is fixed from mlx 0.32.0 (#3509): older CUDA builds are
+    refused with the fix; other backends and fixed builds pass."""
+    line = device.quantized_problem("cuda", "0.31.2")
+    assert line is not None and "mlx >= 0.32.0" in line and "#3487" in line
+    assert "pip install -U" in line and "\n" not in line
+    for kind, version in (("cuda", "0.32.0"), ("cuda", "0.32.4"), ("cuda", "0.33.0.dev0"),
+                          ("metal", "0.31.2"), ("cpu", "0.20.0"), ("cuda", "dev")):
+        assert device.quantized_problem(kind, version) is None, (kind, version)
+
+
+def test_load_refuses_a_quantized_model_on_a_faulting_cuda_build(
+        monkeypatch: pytest.MonkeyPatch, micro_model: Path) -> None:
+    import mlx.core as mx
+
+    from mlx_rlaif.backends.mlx import policy
+    from mlx_rlaif.errors import UsageError
+
+    monkeypatch.setattr(policy, "kind_of", lambda: "cuda")
+    monkeypatch.setattr(mx, "__version__", "0.31.2")
+    with pytest.raises(UsageError, match=r"need mlx >= 0\.32\.0"):
+        policy.load_policy(str(micro_model), quantize=4)
+    assert policy.load_policy(str(micro_model)).model is not None  # unquantized: runs

@@ -5,7 +5,8 @@ on an NVIDIA GPU) or the CPU, its name, and its own memory where it has one.
 `max_recommended_working_set_size` and `memory_size`; CUDA gives `total_memory`, `free_memory`
 and the compute capability; the CPU build only the processor's name) and `describe` turns it
 into the words `mlx-rlaif doctor` prints. `memory.device_budget` takes the budget from it: on a
-GPU with its own memory, that memory bounds a run, not the host's RAM.
+GPU with its own memory, that memory bounds a run, not the host's RAM. `quantized_problem`
+names the MLX builds whose quantized kernels are known to fault on a device.
 
 Not covered: several GPUs (MLX uses the first), MIG slices (reported as the whole card).
 """
@@ -89,3 +90,23 @@ def budget_base(d: Device) -> tuple[int, str] | None:
     if d.kind == "metal" and d.memory:
         return d.memory, "MLX's recommended working set"
     return None
+
+
+# MLX's CUDA quantized matmul (qmm_naive) read scales and biases past the end of a partly filled
+# tile (ml-explore/mlx#3487: an illegal memory access for a quantized model, e.g. at the 0.5B
+# shape's 151,936-row head); fixed by ml-explore/mlx#3509, first released in mlx 0.32.0.
+QMM_FIXED = (0, 32, 0)
+
+
+def quantized_problem(kind: str, version: str) -> str | None:
+    """Why a quantized model cannot run on this backend and MLX version (None: it can)."""
+    try:
+        have = tuple(int(x) for x in version.split(".")[:3])
+    except ValueError:  # a development build: assume the fix is in
+        return None
+    if kind != "cuda" or have >= QMM_FIXED:
+        return None
+    need = ".".join(map(str, QMM_FIXED))
+    return (f"quantized models on MLX's CUDA build need mlx >= {need} (mlx {version} faults in "
+            f"its quantized matmul: ml-explore/mlx#3487, fixed by #3509); run pip install -U "
+            f"'mlx[cuda13]' (or cuda12), or set model.quantize: 0 with an unquantized model")

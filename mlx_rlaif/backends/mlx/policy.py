@@ -32,6 +32,7 @@ from ...artifacts.lora import (
 )
 from ...assets import model_source
 from ...errors import UsageError
+from .device import kind_of, quantized_problem
 from .loss import Split, split_head
 
 
@@ -69,6 +70,10 @@ def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | Non
     value head on the last hidden state (`model.value_head`), with `moving_reference` a copy of
     the adapters as loaded (`adapter`'s, or the fresh ones) as the KL reference."""
     model, tokenizer = load_model(model_path, trust_remote_code)
+    problem = quantized_problem(kind_of(), mx.__version__) if quantize or is_quantized(model) \
+        else None
+    if problem:
+        raise UsageError(problem)
     if quantize and not is_quantized(model):
         from mlx_lm.utils import quantize_model
 
