@@ -142,7 +142,7 @@ def series(records: Sequence[Mapping], x_key: str, key: str) -> tuple[list[float
 
 PANELS = (
     ("Reward", ("reward/mean", "reward/baseline")),
-    ("KL to base (per token)", ("kl/mean", "kl/sample_train")),
+    ("KL to the reference (per token)", ("kl/mean", "kl/sample_train")),
     ("Loss", ("loss/total", "loss/policy", "loss/kl")),
     ("Throughput (tokens/s)", ("gen/tokens_per_sec", "train/tokens_per_sec")),
 )
