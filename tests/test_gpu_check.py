@@ -4,6 +4,7 @@ the budget cannot hold, is recorded as such and the others still run."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -75,3 +76,28 @@ def test_the_q4_probe_stage_reports_alone(tmp_path: Path) -> None:
     line = next(x for x in done.stdout.splitlines() if x.startswith("Q4-RESULT "))
     res = json.loads(line[len("Q4-RESULT "):])
     assert res["logits"] == [7, 512] and res["dh_finite"] is True
+
+
+def test_the_kernel_cache_travels_as_one_archive(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--kernel-cache FILE`: the compiled kernels of one lease unpacked in the next, so its
+    first stage does not compile for minutes again (the CPU build writes none: an empty archive
+    that still round-trips)."""
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    tool = importlib.import_module("gpu_check")
+
+    src, dst, archive = tmp_path / "ptx", tmp_path / "again", tmp_path / "carry" / "k.tar.xz"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.ptx").write_text("kernel a")
+    (src / "sub" / "b.cubin").write_bytes(b"\x00\x01kernel b")
+    assert tool.save_cache(archive, src)["files"] == 2
+    assert tool.restore_cache(archive, dst) == {"restored": True, "files": 2}
+    assert (dst / "a.ptx").read_text() == "kernel a"
+    assert (dst / "sub" / "b.cubin").read_bytes() == b"\x00\x01kernel b"
+    assert tool.restore_cache(tmp_path / "none.tar.xz", dst) == {"restored": False}
+    assert tool.save_cache(archive, tmp_path / "empty")["files"] == 0
+    assert tool.restore_cache(archive, dst)["files"] == 0
+
+    res = gpu_check(tmp_path, "--only", "env", "--budget", "60", "--kernel-cache",
+                        str(tmp_path / "cli.tar.xz"))
+    assert res["kernel_cache"]["restored"] is False and (tmp_path / "cli.tar.xz").is_file()

@@ -36,6 +36,11 @@ stages about 6) and a short lease should pick its stages:
   BatchGenerator interleaved at widths 16 and 32, 5 reps) and tools/profile_update.py at the
   0.5B shape in bfloat16, and the memory plan against measured peaks at 128 to 1,024 tokens.
 
+`--kernel-cache FILE` carries MLX's compiled kernels from one lease to the next: a tar.xz of
+the kernel cache, unpacked before the stages when FILE exists and written (replaced) after them,
+with its size in the JSON (`kernel_cache`). MLX keys its cached kernels by their source, so a
+cache from another MLX version or GPU only misses; `quickstart_cold` still starts empty.
+
 `--quick` runs the same stages at the tiny shape with short settings (how tests/test_gpu_check.py
 checks the script on the CPU build).
 
@@ -52,6 +57,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -407,6 +413,28 @@ def orchestrate(names: list[str], out: Path, quick: bool, budget: float, env: di
     return results
 
 
+def restore_cache(archive: Path, folder: Path = PTX) -> dict:
+    """Unpack a kernel cache archive (written by `save_cache`) into `folder`."""
+    if not archive.is_file():
+        return {"restored": False}
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "r:xz") as tar:
+        tar.extractall(folder, filter="data")
+        return {"restored": True, "files": sum(1 for m in tar.getmembers() if m.isfile())}
+
+
+def save_cache(archive: Path, folder: Path = PTX) -> dict:
+    """`folder`'s files as a tar.xz at `archive` (written beside it, then moved into place)."""
+    files = sorted(f for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else []
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_name(archive.name + ".tmp")
+    with tarfile.open(tmp, "w:xz") as tar:
+        for f in files:
+            tar.add(f, arcname=str(f.relative_to(folder)))
+    os.replace(tmp, archive)
+    return {"saved": str(archive), "files": len(files), "bytes": archive.stat().st_size}
+
+
 def save(out: Path, results: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
@@ -422,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated stages")
     ap.add_argument("--extras", action="store_true", help="also the profiles (see above)")
     ap.add_argument("--budget", type=float, default=600.0, help="seconds for all stages")
+    ap.add_argument("--kernel-cache", type=Path,
+                    help="MLX's kernel cache as a tar.xz: unpacked first, rewritten at the end")
     ap.add_argument("--quick", action="store_true", help="the tiny shape, short settings")
     ap.add_argument("--stage", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -448,7 +478,11 @@ def main(argv: list[str] | None = None) -> int:
         unknown = set(names) - {n for n, _ in STAGES + EXTRAS}
         if unknown:
             ap.error(f"unknown stage(s) {', '.join(sorted(unknown))}")
+    if a.kernel_cache:
+        results["kernel_cache"] = restore_cache(a.kernel_cache)
     orchestrate(names, a.out, a.quick, a.budget - (time.perf_counter() - tic), env, results)
+    if a.kernel_cache:
+        results["kernel_cache"].update(save_cache(a.kernel_cache))
     results["seconds"] = time.perf_counter() - tic
     save(a.out, results)
     print(f"gpu_check: wrote {a.out} in {results['seconds']:.0f} s", flush=True)
