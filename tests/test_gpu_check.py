@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def gpu_check(tmp_path: Path, *args: str) -> dict:
+def gpu_check(tmp_path: Path, *args: str, env: dict | None = None) -> dict:
     out = tmp_path / "check.json"
     subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--quick", "--out",
-                    str(out), *args], check=True, capture_output=True, text=True, timeout=600)
+                    str(out), *args], check=True, capture_output=True, text=True, timeout=600,
+                   env=env)
     return json.loads(out.read_text())
 
 
@@ -101,3 +103,16 @@ def test_the_kernel_cache_travels_as_one_archive(tmp_path: Path,
     res = gpu_check(tmp_path, "--only", "env", "--budget", "60", "--kernel-cache",
                         str(tmp_path / "cli.tar.xz"))
     assert res["kernel_cache"]["restored"] is False and (tmp_path / "cli.tar.xz").is_file()
+
+
+@pytest.mark.slow
+def test_the_cold_quickstart_leaves_the_shared_kernel_cache_alone(tmp_path: Path) -> None:
+    """The cold run compiles into an empty cache of its own (whose kernels then join the shared
+    one): kernels restored from an earlier lease (`--kernel-cache`) stay for the other stages."""
+    work = tmp_path / "mlx-rlaif-gpu-check" / "ptx-cache"
+    work.mkdir(parents=True)
+    (work / "restored.ptx").write_text("from the last lease")
+    res = gpu_check(tmp_path, "--only", "quickstart_cold", "--budget", "500",
+                    env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert res["quickstart_cold"]["rc"] == 0, res
+    assert (work / "restored.ptx").read_text() == "from the last lease"

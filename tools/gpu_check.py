@@ -182,14 +182,18 @@ def cli(args: list[str], env: dict | None = None, timeout: float = 900) -> tuple
 
 
 def st_quickstart(quick: bool, cache: str) -> dict:
-    """The quickstart from the CLI; `cache`: the MLX kernel cache folder (emptied for cold)."""
+    """The quickstart from the CLI; `cache`: cold (an empty kernel cache of its own, whose
+    kernels then join the shared one) or warm (the shared one)."""
     out = WORK / f"quickstart-{cache}"
     shutil.rmtree(out, ignore_errors=True)
+    ptx = WORK / "ptx-cold" if cache == "cold" else PTX
     if cache == "cold":
-        shutil.rmtree(PTX, ignore_errors=True)
+        shutil.rmtree(ptx, ignore_errors=True)
     args = ["train", "--output-dir", str(out)] + (["--max-steps", "3", "--set",
                                                   "data.eval_file="] if quick else [])
-    rc, text, wall = cli(args, {"MLX_PTX_CACHE_DIR": str(PTX)})
+    rc, text, wall = cli(args, {"MLX_PTX_CACHE_DIR": str(ptx)})
+    if cache == "cold" and ptx.is_dir():
+        shutil.copytree(ptx, PTX, dirs_exist_ok=True)
     res: dict[str, Any] = {"rc": rc, "wall_s": wall, "tail": text[-1500:] if rc else text[-400:]}
     evals = out / "eval.json"
     if evals.is_file():
