@@ -26,14 +26,15 @@ def gpu_check(tmp_path: Path, *args: str, env: dict | None = None) -> dict:
 
 @pytest.mark.slow
 def test_the_check_runs_its_stages_and_records_each(tmp_path: Path) -> None:
-    res = gpu_check(tmp_path, "--only", "env,model,ours_bf16,decode_peer,peer_bf16",
-                    "--budget", "400")
+    res = gpu_check(tmp_path, "--only", "env,model,ours_bf16,ours_bf16_fused,decode_peer,"
+                    "peer_bf16", "--budget", "400")
     assert res["env"]["status"] == "ok" and res["env"]["device"].startswith("CPU: ")
     assert res["env"]["build_problem"] is None
     assert res["model"]["status"] == "ok"
     ours = res["ours_bf16"]
     assert ours["status"] == "ok", ours
     assert len(ours["all_step_s"]) == 2 and ours["trained"] == 4  # 2 x 2 at the quick shape
+    assert res["ours_bf16_fused"]["status"] == "ok" and res["ours_bf16_fused"]["trained"] == 4
     assert res["decode_peer"]["tokens_per_s"] > 0 and res["decode_peer"]["width"] == 4
     # mlx-lm-lora is not installed here: the stage fails alone, recorded with its error
     peer = res["peer_bf16"]

@@ -27,7 +27,8 @@ stages about 6) and a short lease should pick its stages:
 - `doctor`: `mlx-rlaif doctor` on the quickstart (device line, budget, probe, projection);
 - `ours_bf16`: our RL step at 0.5B bfloat16, 2 x 8 x 256 (tools/bench_scale.py's worker):
   3 steps, the first apart; `ours_q4`: the same quantized to 4 bits at load; where it fails,
-  `q4_probe` runs tools/q4_probe.py's matrix;
+  `q4_probe` runs tools/q4_probe.py's matrix; `ours_bf16_fused`: `ours_bf16` decoding with the
+  adapters fused (the default keeps this shape's 0.71 GB copy unfused);
 - `decode_peer`: mlx-lm's own batched generation (`BatchGenerator`) at the step's width (16)
   on the same model: the decode speed the loop is held to;
 - `peer_bf16`: mlx-lm-lora's GRPO at the same settings (3 steps, 2 where the budget is short);
@@ -71,6 +72,7 @@ PTX = WORK / "ptx-cache"  # MLX's CUDA kernel cache (MLX_PTX_CACHE_DIR), one for
 # (stage, the seconds it usually takes on one GPU: a stage starts only when the budget holds it)
 STAGES = (("env", 10), ("model", 30), ("quickstart_cold", 270), ("quickstart_warm", 60),
           ("doctor", 60), ("ours_bf16", 45), ("ours_q4", 45), ("q4_probe", 60),
+          ("ours_bf16_fused", 45),
           ("decode_peer", 25), ("tests", 60), ("peer_bf16", 100))
 EXTRAS = (("profile_decode", 60), ("decode_compare", 90), ("profile_update", 60),
           ("memory_bf16", 90))
@@ -78,6 +80,7 @@ EXTRAS = (("profile_decode", 60), ("decode_compare", 90), ("profile_update", 60)
 # to COLD_S more than its usual time (the 0.5B step's first step took 273 s on an H200), so its
 # cap allows that.
 COMPILES = ("quickstart_cold", "quickstart_warm", "doctor", "ours_bf16", "ours_q4", "q4_probe",
+            "ours_bf16_fused",
             "decode_peer", "tests", "peer_bf16", "profile_decode", "decode_compare",
             "profile_update", "memory_bf16")
 COLD_S = 300
@@ -241,10 +244,13 @@ def bench_worker(kind: str, spec: dict, timeout: float = 900) -> dict:
             "stderr": "\n".join(done.stderr.splitlines()[-20:])[-2500:]}
 
 
-def st_ours(quick: bool, bits: int = 0) -> dict:
+def st_ours(quick: bool, bits: int = 0, fused: bool = False) -> dict:
+    """Our RL step; `fused`: decoding with the adapters fused whatever the copy's size (at the
+    0.5B shape the default `generation.fuse_lora_max_mb` decodes unfused)."""
     s = shape(quick)
     spec = {"model": str(model_path(quick)), "T": s["T"], "P": s["P"], "G": s["G"],
-            "steps": s["steps"], "q": bits}
+            "steps": s["steps"], "q": bits,
+            "set": ["generation.fuse_lora_max_mb=65536"] if fused else []}
     return bench_worker("ours", spec)
 
 
@@ -350,8 +356,8 @@ def run_stage(name: str, quick: bool, budget: float) -> dict:
         return st_quickstart(quick, name.split("_")[1])
     if name == "doctor":
         return st_doctor(quick)
-    if name in ("ours_bf16", "ours_q4"):
-        return st_ours(quick, 4 if name == "ours_q4" else 0)
+    if name in ("ours_bf16", "ours_q4", "ours_bf16_fused"):
+        return st_ours(quick, 4 if name == "ours_q4" else 0, name == "ours_bf16_fused")
     if name == "q4_probe":
         return st_q4_probe(quick, budget)
     if name == "decode_peer":
