@@ -156,8 +156,8 @@ class RLConfig:
     drop_zero_std: bool = opt(True, "Leave zero-variance groups out of the loss (they carry no "
                               "signal); counted as reward/frac_zero_std either way.")
     reinforce_decay: float = opt(0.9, "EMA decay of the reinforce running baseline.", _unit)
-    kl_penalty: float = opt(0.02, "KL penalty coefficient against the KL reference (rl.reference: the "
-                            "frozen base with LoRA off, by default). "
+    kl_penalty: float = opt(0.02, "KL penalty coefficient against the KL reference "
+                            "(rl.reference: the frozen base with LoRA off, by default). "
                             "0 skips the reference forward entirely.", _nonneg)
     kl_estimator: Literal["k1", "k2", "k3"] = opt(
         "k2", "KL estimator of the loss's KL term (r = ref/policy on the sampled token; the "

@@ -27,7 +27,8 @@ from .stats import finite, mean
 @dataclass(frozen=True)
 class Thresholds:
     kl_max: float = 1.0
-    """Mean per-token KL to the reference (rl.reference) above this is a blow-up (usual targets are ~0.01-0.1)."""
+    """Mean per-token KL to the reference (rl.reference) above this is a blow-up (usual
+    targets are ~0.01-0.1)."""
     min_diversity: float = 0.2
     """gen/diversity (distinct completions per group) below this is low."""
     max_gen_share: float = 0.9
