@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,25 +85,27 @@ def test_the_q4_probe_stage_reports_alone(tmp_path: Path) -> None:
 def test_the_kernel_cache_travels_as_one_archive(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """`--kernel-cache FILE`: the compiled kernels of one lease unpacked in the next, so its
-    first stage does not compile for minutes again (the CPU build writes none: an empty archive
-    that still round-trips)."""
+    first stage does not compile for minutes again; only under the MLX version and GPU
+    architecture that compiled them (MLX finds a cached kernel by its name alone)."""
     monkeypatch.syspath_prepend(str(ROOT / "tools"))
     tool = importlib.import_module("gpu_check")
 
     src, dst, archive = tmp_path / "ptx", tmp_path / "again", tmp_path / "carry" / "k.tar.xz"
     (src / "sub").mkdir(parents=True)
     (src / "a.ptx").write_text("kernel a")
-    (src / "sub" / "b.cubin").write_bytes(b"\x00\x01kernel b")
-    assert tool.save_cache(archive, src)["files"] == 2
-    assert tool.restore_cache(archive, dst) == {"restored": True, "files": 2}
+    (src / "sub" / "b.ptx").write_bytes(b"\x00\x01kernel b")
+    assert tool.save_cache(archive, "0.32.4-sm_90", src)["files"] == 2
+    other = tool.restore_cache(archive, "0.32.5-sm_90", tmp_path / "other")
+    assert other["restored"] is False and not list((tmp_path / "other").rglob("*.ptx"))
+    assert tool.restore_cache(archive, "0.32.4-sm_90", dst)["files"] == 2
     assert (dst / "a.ptx").read_text() == "kernel a"
-    assert (dst / "sub" / "b.cubin").read_bytes() == b"\x00\x01kernel b"
-    assert tool.restore_cache(tmp_path / "none.tar.xz", dst) == {"restored": False}
-    assert tool.save_cache(archive, tmp_path / "empty")["files"] == 0
-    assert tool.restore_cache(archive, dst)["files"] == 0
+    assert (dst / "sub" / "b.ptx").read_bytes() == b"\x00\x01kernel b"
+    assert tool.restore_cache(tmp_path / "none.tar.xz", "k", dst)["restored"] is False
+    assert tool.save_cache(archive, "k", tmp_path / "empty")["files"] == 0
 
     res = gpu_check(tmp_path, "--only", "env", "--budget", "60", "--kernel-cache",
-                        str(tmp_path / "cli.tar.xz"))
+                    str(tmp_path / "cli.tar.xz"))
+    assert res["kernel_cache"]["key"].startswith(mx.__version__ + "-")
     assert res["kernel_cache"]["restored"] is False and (tmp_path / "cli.tar.xz").is_file()
 
 

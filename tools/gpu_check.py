@@ -39,8 +39,9 @@ stages about 6) and a short lease should pick its stages:
 
 `--kernel-cache FILE` carries MLX's compiled kernels from one lease to the next: a tar.xz of
 the kernel cache, unpacked before the stages when FILE exists and written (replaced) after them,
-with its size in the JSON (`kernel_cache`). MLX keys its cached kernels by their source, so a
-cache from another MLX version or GPU only misses; `quickstart_cold` still starts empty.
+with its size in the JSON (`kernel_cache`). MLX names a cached kernel by its module name alone,
+not its source, so the archive files them under the MLX version and GPU architecture that
+compiled them and only that key's kernels are restored; `quickstart_cold` still starts empty.
 
 `--quick` runs the same stages at the tiny shape with short settings (how tests/test_gpu_check.py
 checks the script on the CPU build).
@@ -76,13 +77,10 @@ STAGES = (("env", 10), ("model", 30), ("quickstart_cold", 270), ("quickstart_war
           ("decode_peer", 25), ("tests", 60), ("peer_bf16", 100))
 EXTRAS = (("profile_decode", 60), ("decode_compare", 90), ("profile_update", 60),
           ("memory_bf16", 90))
-# The stages that compile MLX's kernels: the first of them to run on a fresh machine may take up
-# to COLD_S more than its usual time (the 0.5B step's first step took 273 s on an H200), so its
-# cap allows that.
-COMPILES = ("quickstart_cold", "quickstart_warm", "doctor", "ours_bf16", "ours_q4", "q4_probe",
-            "ours_bf16_fused",
-            "decode_peer", "tests", "peer_bf16", "profile_decode", "decode_compare",
-            "profile_update", "memory_bf16")
+# Every stage but these compiles MLX's kernels: the first of them to run on a fresh machine may
+# take up to COLD_S more than its usual time (the 0.5B step's first step took 273 s on an H200),
+# so its cap allows that.
+NO_KERNELS = ("env", "model")
 COLD_S = 300
 TEST_FILES = ("tests/test_losses.py", "tests/test_chunked_loss.py", "tests/test_compiled.py",
               "tests/test_decode.py", "tests/test_shared_prompt.py", "tests/test_policy.py",
@@ -402,10 +400,11 @@ def needed(name: str, results: dict) -> bool:
 
 
 def orchestrate(names: list[str], out: Path, quick: bool, budget: float, env: dict,
-                results: dict) -> dict:
+                results: dict, cold: bool = True) -> dict:
+    """Run `names` in order under `budget`; `cold`: MLX's kernel cache starts empty (the first
+    stage that compiles may take COLD_S more)."""
     start = time.perf_counter()
     costs = dict(STAGES + EXTRAS)
-    cold = True  # until a stage that compiles has run
     for name in names:
         left = budget - (time.perf_counter() - start)
         if not needed(name, results):
@@ -413,34 +412,49 @@ def orchestrate(names: list[str], out: Path, quick: bool, budget: float, env: di
         elif left < (5 if quick else costs[name]) and name not in ("env",):
             results[name] = {"status": f"skipped: {left:.0f} s left of the budget"}
         else:
-            cap = 3 * costs[name] + (COLD_S if cold and name in COMPILES else 0)
+            cap = 3 * costs[name] + (COLD_S if cold and name not in NO_KERNELS else 0)
             stage_budget = max(left, 5.0) if quick else min(max(left, 10.0), cap)
             results[name] = spawn(name, quick, stage_budget, env)
-            cold = cold and name not in COMPILES
+            cold = cold and name in NO_KERNELS
         print(f"gpu_check: {name}: {results[name]['status']} "
               f"({results[name].get('wall_s', 0):.0f} s)", flush=True)
         save(out, results)
     return results
 
 
-def restore_cache(archive: Path, folder: Path = PTX) -> dict:
-    """Unpack a kernel cache archive (written by `save_cache`) into `folder`."""
+def cache_key(env: dict) -> str:
+    """The MLX version and GPU architecture a kernel cache belongs to. MLX names a cached kernel
+    by its module name alone (mlx/backend/cuda/jit_module.cpp; its default folder,
+    $TMPDIR/mlx/VERSION/ptx, is per version), so kernels are reused only under the same key."""
+    code = ("import mlx.core as mx; i = mx.device_info(); "
+            "print(mx.__version__, i.get('architecture') or 'cpu')")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    return "-".join(done.stdout.split()) if done.returncode == 0 else "unknown"
+
+
+def restore_cache(archive: Path, key: str, folder: Path = PTX) -> dict:
+    """Unpack the kernels of `key` from an archive written by `save_cache` into `folder`."""
     if not archive.is_file():
-        return {"restored": False}
+        return {"key": key, "restored": False}
     folder.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "r:xz") as tar:
-        tar.extractall(folder, filter="data")
-        return {"restored": True, "files": sum(1 for m in tar.getmembers() if m.isfile())}
+        mine = [m for m in tar.getmembers() if m.isfile() and m.name.startswith(key + "/")]
+        for m in mine:
+            m.name = m.name[len(key) + 1:]
+        tar.extractall(folder, members=mine, filter="data")
+    return {"key": key, "restored": bool(mine), "files": len(mine)}
 
 
-def save_cache(archive: Path, folder: Path = PTX) -> dict:
-    """`folder`'s files as a tar.xz at `archive` (written beside it, then moved into place)."""
+def save_cache(archive: Path, key: str, folder: Path = PTX) -> dict:
+    """`folder`'s files under `key` in a tar.xz at `archive` (written beside it, then moved
+    into place)."""
     files = sorted(f for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else []
     archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(archive.name + ".tmp")
     with tarfile.open(tmp, "w:xz") as tar:
         for f in files:
-            tar.add(f, arcname=str(f.relative_to(folder)))
+            tar.add(f, arcname=f"{key}/{f.relative_to(folder)}")
     os.replace(tmp, archive)
     return {"saved": str(archive), "files": len(files), "bytes": archive.stat().st_size}
 
@@ -488,11 +502,13 @@ def main(argv: list[str] | None = None) -> int:
         unknown = set(names) - {n for n, _ in STAGES + EXTRAS}
         if unknown:
             ap.error(f"unknown stage(s) {', '.join(sorted(unknown))}")
+    key = cache_key(env) if a.kernel_cache else ""
     if a.kernel_cache:
-        results["kernel_cache"] = restore_cache(a.kernel_cache)
-    orchestrate(names, a.out, a.quick, a.budget - (time.perf_counter() - tic), env, results)
+        results["kernel_cache"] = restore_cache(a.kernel_cache, key)
+    orchestrate(names, a.out, a.quick, a.budget - (time.perf_counter() - tic), env, results,
+                cold=not results.get("kernel_cache", {}).get("restored"))
     if a.kernel_cache:
-        results["kernel_cache"].update(save_cache(a.kernel_cache))
+        results["kernel_cache"].update(save_cache(a.kernel_cache, key))
     results["seconds"] = time.perf_counter() - tic
     save(a.out, results)
     print(f"gpu_check: wrote {a.out} in {results['seconds']:.0f} s", flush=True)
