@@ -37,9 +37,10 @@ def test_soak_50_steps_flat_no_zombies_nothing_left(tmp_path):
     assert r["left_in_tmp"] == [] and r["left_in_dev_shm"] == [] and r["survivors"] == []
     steady = rows[1:]  # after the first step: models loaded, kernels compiled
     threads = [x["threads"] for x in steady]
-    # pools start threads lazily and idle ones exit: a sample may catch a few more or fewer;
-    # a leak grows with the steps, so the last samples must not exceed the early peak
-    assert max(threads[-2:]) <= max(threads[: len(threads) // 2 + 1]) + 2, threads
+    # pools start threads lazily and idle ones exit: a sample may catch a few more or fewer
+    # (one full-suite run sampled 21, 21, 21, 24, 21); a leak grows with the steps and stays,
+    # so the lower of the last two samples must not exceed the early peak
+    assert min(threads[-2:]) <= max(threads[: len(threads) // 2 + 1]) + 2, threads
     fds = [x["fds"] for x in steady]  # a sample may land while sandboxes run: compare lows
     assert min(fds[-2:]) <= min(fds[:2]) + 4, fds
     rss = [x["rss_mb"] for x in steady]
