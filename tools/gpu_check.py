@@ -16,8 +16,8 @@ Stages (`--only` picks some and runs them in the order given; each skipped when 
 cannot hold its usual time). Every stage shares one MLX kernel cache (`MLX_PTX_CACHE_DIR`, under
 the work folder): on a fresh machine the first process to run compiles MLX's CUDA kernels, which
 took 143 s of the quickstart's first step and 273 s of the 0.5B step's on an H200 (BENCHMARKS.md,
-"On an accelerator"), so a whole check on a fresh machine takes about 12 minutes (the steady
-stages about 6) and a short lease should pick its stages:
+"On an accelerator"), so a whole check on a fresh machine should take about 12 minutes (the
+stages' measured times added up; not yet run whole) and a short lease should pick its stages:
 - `env`: versions, the device as MLX reports it, the MLX builds installed, nvidia-smi;
 - `model`: a random Qwen2.5-0.5B-shaped model in bfloat16 with Qwen2.5's real tokenizer;
 - `quickstart_cold`, `quickstart_warm`: `mlx-rlaif train` (the embedded quickstart: 60 steps,
@@ -28,7 +28,7 @@ stages about 6) and a short lease should pick its stages:
 - `ours_bf16`: our RL step at 0.5B bfloat16, 2 x 8 x 256 (tools/bench_scale.py's worker):
   3 steps, the first apart; `ours_q4`: the same quantized to 4 bits at load; where it fails,
   `q4_probe` runs tools/q4_probe.py's matrix; `ours_bf16_fused`: `ours_bf16` decoding with the
-  adapters fused (the default keeps this shape's 0.71 GB copy unfused);
+  adapters fused (the default keeps this shape's 716 MB copy unfused);
 - `decode_peer`: mlx-lm's own batched generation (`BatchGenerator`) at the step's width (16)
   on the same model: the decode speed the loop is held to;
 - `peer_bf16`: mlx-lm-lora's GRPO at the same settings (3 steps, 2 where the budget is short);
