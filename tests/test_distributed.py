@@ -126,6 +126,27 @@ def test_the_dashboard_and_the_summary_show_the_ranks():
     assert summary.ranks([{"dist/world_size": 2.0}, {}]) == 2 and summary.ranks([{}]) == 1
 
 
+class _ClosingGroup:
+    rank, size = 0, 2
+
+    def __init__(self) -> None:
+        self.closed: list[bool] = []
+
+    def close(self, clean: bool) -> None:
+        self.closed.append(clean)
+
+
+def test_the_group_ends_after_the_others_only_when_the_command_ended_cleanly():
+    # torch's group waits at a barrier before it ends on a clean close (a rank that ended first
+    # aborted its peer once in CI); after an error the others may never come to that barrier
+    ok, failed = _ClosingGroup(), _ClosingGroup()
+    with World(group=ok).session():
+        pass
+    with pytest.raises(RuntimeError), World(group=failed).session():
+        raise RuntimeError("a rank failed")
+    assert ok.closed == [True] and failed.closed == [False]
+
+
 def test_the_launchers_environment_names_the_engine(tmp_path):
     ring = tmp_path / "ring.json"
     ring.write_text('[["127.0.0.1:1"], ["127.0.0.1:2"]]')

@@ -297,20 +297,24 @@ class World:
         quiet = open(os.devnull, "w") if self.rank else None  # noqa: SIM115
         log = logging.getLogger("mlx_rlaif")
         level = log.level
+        clean = False
         try:
             with contextlib.redirect_stdout(quiet) if quiet else contextlib.nullcontext():
                 if quiet:
                     log.setLevel(logging.WARNING)
                 yield self
+            clean = True
         finally:
             log.setLevel(level)
             if quiet:
                 quiet.close()
-            self.close()
+            self.close(clean)
 
-    def close(self) -> None:
-        """Remove the temporary copies; end the group (torch.distributed's process group)."""
-        getattr(self.group, "close", lambda: None)()
+    def close(self, clean: bool = True) -> None:
+        """Remove the temporary copies; end the group (torch.distributed's process group),
+        after every rank has reached here when `clean` (not after an error: the others may
+        never come)."""
+        getattr(self.group, "close", lambda clean: None)(clean)
         for p in self._temp:
             shutil.rmtree(p, ignore_errors=True)
         self._temp.clear()

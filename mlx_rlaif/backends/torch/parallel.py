@@ -62,8 +62,13 @@ class TorchGroup:
             at += g.numel()
         return params
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
+        """End the group; when `clean`, once every rank has reached here: a rank that tears its
+        connections down while another still reads its last collective can kill that rank
+        (gloo aborted one with "terminate called without an active exception" in a CI run)."""
         if dist.is_initialized():
+            if clean and dist.get_world_size() > 1:
+                dist.barrier()
             dist.destroy_process_group()
 
     def digest(self, policy: Any) -> list[float]:
