@@ -6,6 +6,7 @@ and without fused LoRA, and the loop side by side with mlx-lm's `BatchGenerator`
         --tokens 256 --loops compiled --json out.json               # a GPU check (~1 minute)
     python tools/profile_decode.py --compare --widths 32 --reps 5   # tokens/s: ours, eager,
                                                                     # mlx-lm, same run
+    python tools/profile_decode.py --ablate attention,sampler,kv_write --widths 32 --reps 7
 
 Models are random-weight Qwen2s of `mlx_rlaif.testing.randmodel`'s shapes (`tiny`: 4 layers of
 width 256, vocabulary 4,096; `qwen0.5b`: Qwen2.5-0.5B's) built in memory, LoRA rank 8 on every
@@ -37,6 +38,12 @@ cores with Python. Timings are medians over `--reps` runs; steps are those whose
 kept. `--compare` runs ours (compiled), eager and mlx-lm's `BatchGenerator` (same model and
 kernels, its own sampler and loop, rows prefilled per prompt, no log-prob read-back) at the
 same width and tokens, interleaved, and reports tokens/s (prefill included) and the ratios.
+
+`--ablate PARTS` (timing only: the tokens are wrong on purpose) runs the compiled loop whole and
+with each part removed, interleaved, on MLX's CPU build: `attention` (each layer's one-query
+attention returns its queries, still reading the KV buffers), `sampler` (argmax, no log-prob
+pass), `kv_write` (the step's keys and values not written into the buffers). The paired
+speed-up r of removing a part bounds its share of a step: about 1 - 1/r.
 
 `--json OUT` writes each setting's result as it ends, merged into OUT when it exists (one key
 per setting), so a run cut short keeps what it measured.
@@ -80,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
                 print_compare(key, result)
                 save(args, {key: result}, argv)
                 continue
+            if args.ablate:
+                key = f"ablate/{args.shape}/{dtype}/w{width}/T{args.tokens}"
+                result = ablate(setting, args.ablate.split(","), args.reps)
+                print_ablate(key, result)
+                save(args, {key: result}, argv)
+                continue
             for lora in args.lora.split(","):
                 for loop in args.loops.split(","):
                     key = f"{args.shape}/{dtype}/{lora}/w{width}/{loop}/T{args.tokens}"
@@ -111,6 +124,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--read-every", type=int, default=1, help="compiled loop: read every k steps")
     ap.add_argument("--compare", action="store_true",
                     help="tokens/s of ours, eager and mlx-lm's BatchGenerator instead")
+    ap.add_argument("--ablate", default="", help="compiled loop without these parts (timing "
+                    "only, CPU build): attention, sampler, kv_write")
     ap.add_argument("--reps", type=int, default=1, help="timed runs per setting (medians)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="", help="write results here (merged into the file)")
@@ -275,6 +290,74 @@ def compare(s: Setting, reps: int) -> dict[str, Any]:
                        "ours_over_mlx_lm": paired(tps["ours"], tps["mlx_lm"])}}
 
 
+def ablate(s: Setting, parts: list[str], reps: int) -> dict[str, Any]:
+    """Tokens/s of the compiled loop whole and without each part, interleaved (`--ablate`)."""
+    unknown = set(parts) - set(ABLATIONS)
+    if unknown:
+        raise SystemExit(f"--ablate: unknown part(s) {sorted(unknown)}; "
+                         f"choose from {', '.join(ABLATIONS)}")
+    from mlx_rlaif import cpu
+
+    if "attention" in parts and not cpu.active():
+        raise SystemExit("--ablate attention: the CPU build's decode attention only (this "
+                         "device attends with mx.fast's kernel)")
+    names = ["whole", *parts]
+    tps: dict[str, list[float]] = {k: [] for k in names}
+    for i in range(reps + 1):  # the first round traces each variant: not kept
+        for name in names if i % 2 == 0 else reversed(names):
+            with _without(s.model, name):
+                seconds, tokens, _ = run_ours(s, True, True)
+            if i:
+                tps[name].append(tokens / seconds)
+    return {"width": s.width, "tokens": s.tokens, "runs": tps,
+            "tokens_per_s": {k: statistics.median(v) for k, v in tps.items()},
+            "paired": {k: paired(tps[k], tps["whole"]) for k in parts}}
+
+
+def _no_attention(queries: Any, keys: Any, values: Any, cache: Any, scale: float, mask: Any,
+                  sinks: Any = None) -> Any:
+    return queries + 0 * (keys[:, :1, :1, :1].sum() + values[:, :1, :1, :1].sum())
+
+
+def _no_sampler(self: Any, logits: Any, u: Any) -> tuple[Any, Any]:
+    import mlx.core as mx
+
+    return mx.argmax(logits, axis=-1).astype(mx.uint32), logits[:, 0]
+
+
+def _no_kv_write(self: Any, keys: Any, values: Any) -> tuple[Any, Any]:
+    return self.state["k"][self.i], self.state["v"][self.i]
+
+
+ABLATIONS = {"attention": ("mlx_rlaif.cpu.decode_kernels", None, "decode_attention",
+                           _no_attention),
+             "sampler": ("mlx_rlaif.backends.mlx.decode", "Sampler", "draw", _no_sampler),
+             "kv_write": ("mlx_rlaif.backends.mlx.compiled_decode", "StaticKV",
+                          "update_and_fetch", _no_kv_write)}
+
+
+@contextlib.contextmanager
+def _without(model: Any, name: str) -> Any:
+    """The compiled loop with part `name` replaced (`whole`: unchanged); the model's compiled
+    steps are dropped before and after, so each variant traces its own."""
+    import importlib
+
+    model.__dict__.pop("_compiled_decode_steps", None)
+    if name == "whole":
+        yield
+        return
+    module, cls, attr, stand_in = ABLATIONS[name]
+    owner = importlib.import_module(module)
+    owner = getattr(owner, cls) if cls else owner
+    old = getattr(owner, attr)
+    setattr(owner, attr, stand_in)
+    try:
+        yield
+    finally:
+        setattr(owner, attr, old)
+        model.__dict__.pop("_compiled_decode_steps", None)
+
+
 def paired(a: list[float], b: list[float]) -> dict[str, float]:
     """The ratios of runs made side by side (rep i of `a` over rep i of `b`): median and range,
     robust to a host whose speed drifts between reps."""
@@ -290,6 +373,12 @@ def print_profile(key: str, r: dict[str, Any]) -> None:
           f"{q['build']:.2f}, read {q['read']:.2f}, book {q['book']:.2f}), device "
           f"{r['device_ms']:.2f} ms (dispatch {q['dispatch']:.2f}, wait {q['wait']:.2f}): "
           f"host share {r['host_share']:.0%}, device busy {r['device_busy']:.0%}", flush=True)
+
+
+def print_ablate(key: str, r: dict[str, Any]) -> None:
+    parts = ", ".join(f"without {k} {v['median']:.3f}x ({v['min']:.2f}-{v['max']:.2f})"
+                      for k, v in r["paired"].items())
+    print(f"{key}: whole {r['tokens_per_s']['whole']:.0f} tok/s; paired: {parts}", flush=True)
 
 
 def print_compare(key: str, r: dict[str, Any]) -> None:

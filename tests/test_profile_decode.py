@@ -1,0 +1,56 @@
+"""tools/profile_decode.py's `--ablate`: each part removed and put back, results per setting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import profile_decode  # noqa: E402
+
+
+def test_each_ablation_is_put_back_and_the_compiled_steps_dropped():
+    from mlx_rlaif.backends.mlx import compiled_decode, decode
+    from mlx_rlaif.cpu import decode_kernels
+
+    before = (decode.Sampler.draw, compiled_decode.StaticKV.update_and_fetch,
+              decode_kernels.decode_attention)
+
+    class Model:
+        pass
+
+    model = Model()
+    for name in profile_decode.ABLATIONS:
+        model._compiled_decode_steps = {"traced": object()}
+        with profile_decode._without(model, name):
+            assert "_compiled_decode_steps" not in vars(model)
+            now = (decode.Sampler.draw, compiled_decode.StaticKV.update_and_fetch,
+                   decode_kernels.decode_attention)
+            assert sum(a is not b for a, b in zip(now, before, strict=True)) == 1
+    assert (decode.Sampler.draw, compiled_decode.StaticKV.update_and_fetch,
+            decode_kernels.decode_attention) == before
+
+
+@pytest.mark.slow
+def test_ablate_writes_paired_ratios_per_part(tmp_path):
+    out = tmp_path / "ablate.json"
+    cmd = [sys.executable, str(ROOT / "tools" / "profile_decode.py"), "--shape", "micro",
+           "--widths", "4", "--tokens", "4", "--reps", "1", "--ablate", "sampler,kv_write",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())["profile_decode"]["ablate/micro/float32/w4/T4"]
+    assert set(result["paired"]) == {"sampler", "kv_write"}
+    assert all(v["median"] > 0 for v in result["paired"].values())
+    assert "without sampler" in proc.stdout
+
+
+def test_an_unknown_part_is_refused_with_the_choices():
+    with pytest.raises(SystemExit, match="unknown part.*choose from attention, sampler"):
+        profile_decode.ablate(None, ["sampler", "mlp"], 1)
