@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import profile_decode  # noqa: E402
 
 
-def test_each_ablation_is_put_back_and_the_compiled_steps_dropped():
+def test_each_ablation_is_put_back_and_keeps_its_own_compiled_steps():
     from mlx_rlaif.backends.mlx import compiled_decode, decode
     from mlx_rlaif.cpu import decode_kernels
 
@@ -25,14 +25,16 @@ def test_each_ablation_is_put_back_and_the_compiled_steps_dropped():
     class Model:
         pass
 
-    model = Model()
-    for name in profile_decode.ABLATIONS:
-        model._compiled_decode_steps = {"traced": object()}
-        with profile_decode._without(model, name):
-            assert "_compiled_decode_steps" not in vars(model)
+    model, own = Model(), {"the model's": object()}
+    model._compiled_decode_steps = own
+    for name in ["whole", *profile_decode.ABLATIONS]:
+        steps = {"traced for " + name: object()}
+        with profile_decode._without(model, name, steps):
+            assert model._compiled_decode_steps is steps  # the variant's, kept across reps
             now = (decode.Sampler.draw, compiled_decode.StaticKV.update_and_fetch,
                    decode_kernels.decode_attention)
-            assert sum(a is not b for a, b in zip(now, before, strict=True)) == 1
+            assert sum(a is not b for a, b in zip(now, before, strict=True)) == (name != "whole")
+        assert model._compiled_decode_steps is own
     assert (decode.Sampler.draw, compiled_decode.StaticKV.update_and_fetch,
             decode_kernels.decode_attention) == before
 

@@ -303,9 +303,10 @@ def ablate(s: Setting, parts: list[str], reps: int) -> dict[str, Any]:
                          "device attends with mx.fast's kernel)")
     names = ["whole", *parts]
     tps: dict[str, list[float]] = {k: [] for k in names}
+    traced: dict[str, dict] = {}  # each variant's compiled steps, kept from rep to rep
     for i in range(reps + 1):  # the first round traces each variant: not kept
         for name in names if i % 2 == 0 else reversed(names):
-            with _without(s.model, name):
+            with _without(s.model, name, traced.setdefault(name, {})):
                 seconds, tokens, _ = run_ours(s, True, True)
             if i:
                 tps[name].append(tokens / seconds)
@@ -337,25 +338,30 @@ ABLATIONS = {"attention": ("mlx_rlaif.cpu.decode_kernels", None, "decode_attenti
 
 
 @contextlib.contextmanager
-def _without(model: Any, name: str) -> Any:
-    """The compiled loop with part `name` replaced (`whole`: unchanged); the model's compiled
-    steps are dropped before and after, so each variant traces its own."""
+def _without(model: Any, name: str, steps: dict) -> Any:
+    """The compiled loop with part `name` replaced (`whole`: unchanged), decoding with the
+    variant's own compiled steps `steps` (traced on first use, kept by the caller); the model's
+    own are put back after."""
     import importlib
 
-    model.__dict__.pop("_compiled_decode_steps", None)
-    if name == "whole":
-        yield
-        return
-    module, cls, attr, stand_in = ABLATIONS[name]
-    owner = importlib.import_module(module)
-    owner = getattr(owner, cls) if cls else owner
-    old = getattr(owner, attr)
-    setattr(owner, attr, stand_in)
+    key = "_compiled_decode_steps"  # where compiled_decode keeps a model's steps
+    own = model.__dict__.pop(key, None)
+    model.__dict__[key] = steps
+    patch = ABLATIONS.get(name)
+    if patch:
+        module, cls, attr, stand_in = patch
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        old = getattr(owner, attr)
+        setattr(owner, attr, stand_in)
     try:
         yield
     finally:
-        setattr(owner, attr, old)
-        model.__dict__.pop("_compiled_decode_steps", None)
+        if patch:
+            setattr(owner, attr, old)
+        model.__dict__.pop(key, None)
+        if own is not None:
+            model.__dict__[key] = own
 
 
 def paired(a: list[float], b: list[float]) -> dict[str, float]:
