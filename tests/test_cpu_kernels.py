@@ -222,3 +222,57 @@ def test_decode_rope_matches_mx_fast_and_is_scoped(micro_model: Path) -> None:
             assert all(type(m.rope) is cpu_kernels.DecodeRoPE for m in attn)
         assert not any("_inv_freq" in k for k, _ in tree_flatten(model.parameters()))
     assert all(type(m.rope) is nn.RoPE for m in attn)
+
+
+def test_transposed_decode_linears_match_and_restore(micro_model: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compiled_decode_kernels(model, transposed=True)` makes the blocks' linear layers (an
+    adapter's base layer, or a fused copy) `DecodeLinear`s, not the head; the outputs are the
+    same, and the layers are put back on exit. Over the byte bound, or without `transposed`,
+    nothing changes."""
+    from mlx_rlaif.cpu import decode_kernels
+
+    model = load_policy(str(micro_model)).model
+    mx.random.seed(4)
+    for m in [m for _, m in lora_layers(model)]:
+        m.lora_b = 0.05 * mx.random.normal(m.lora_b.shape)
+    tokens = mx.array([[5, 9, 13, 2, 7, 30], [8, 8, 1, 4, 2, 3]])
+    ref = model(tokens)
+
+    def kinds() -> dict[str, type]:
+        return {n: type(m) for n, m in model.named_modules()
+                if isinstance(m, nn.Linear | decode_kernels.DecodeLinear)}
+
+    before = dict(model.named_modules())
+    plain = kinds()
+    assert decode_kernels.block_linears(model)  # the adapters' base layers
+    for fuse in (False, True):
+        with lora_fused(model, 2**40 if fuse else 0), \
+                decode_kernels.compiled_decode_kernels(model, transposed=True):
+            now = kinds()
+            if mx.default_device() == mx.cpu:
+                assert not decode_kernels.block_linears(model)
+                assert any(t is decode_kernels.DecodeLinear for t in now.values())
+                assert all(t is decode_kernels.DecodeLinear for n, t in now.items()
+                           if n.startswith("model.layers."))
+            _close(model(tokens), ref, 1e-4)
+    assert kinds() == plain and all(m is before[n] for n, m in model.named_modules())
+    with decode_kernels.compiled_decode_kernels(model, transposed=False):
+        assert kinds() == plain
+    monkeypatch.setattr(decode_kernels, "TRANSPOSED_MAX_BYTES", 0)
+    with decode_kernels.compiled_decode_kernels(model, transposed=True):
+        assert kinds() == plain
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_decode_linear_is_the_linear(dtype: mx.Dtype) -> None:
+    from mlx_rlaif.cpu.decode_kernels import DecodeLinear
+
+    x = mx.random.normal((5, 3, 16), key=mx.random.key(1)).astype(dtype)
+    for bias in (True, False):
+        lin = nn.Linear(16, 24, bias=bias)
+        lin.set_dtype(dtype)
+        out = DecodeLinear(lin)(x)
+        assert out.dtype == dtype and out.shape == (5, 3, 24)
+        _close(out.astype(mx.float32), lin(x).astype(mx.float32),
+               1e-5 if dtype == mx.float32 else 2e-2)

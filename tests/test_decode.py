@@ -121,3 +121,27 @@ def test_batched_prefill_decodes_as_per_prompt_prefills(micro_model: Path,
     for a, b in zip(out[True], out[False], strict=True):
         assert a["tokens"] == b["tokens"]
         np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+
+
+@pytest.mark.parametrize("shared_cores", [False, True])
+def test_the_prompts_prefill_on_every_core_unless_scoring_shares_them(
+        micro_model: Path, monkeypatch: pytest.MonkeyPatch, shared_cores: bool) -> None:
+    """The prefill's products have many rows: every core (`train_threads`), except while
+    scoring runs alongside (0: the count is left as it is)."""
+    import contextlib
+
+    from mlx_rlaif.backends.mlx import rollout
+
+    asked = []
+
+    @contextlib.contextmanager
+    def record(n: int | None = None):
+        asked.append(n)
+        yield
+
+    monkeypatch.setattr(rollout, "blas_threads", record)
+    policy = load_policy(str(micro_model))
+    generate(policy.model, [[3, 4, 5], [6, 7]], 2,
+             SamplingParams(temperature=1.0, max_new_tokens=2), eos_ids=[],
+             shared_cores=shared_cores)
+    assert asked == [0 if shared_cores else rollout.train_threads()]

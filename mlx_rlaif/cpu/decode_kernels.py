@@ -15,9 +15,18 @@ specialized here (measured in BENCHMARKS.md, "Decoding: where a step goes"):
   compiled step sees them as one constant and `mx.compile` computes the rotation angles of a
   step once for all layers instead of once per layer and projection (the positions are the
   same; arrays among the model's parameters are separate inputs of the compiled step).
+- `DecodeLinear`: the transformer blocks' linear layers (a fused decode copy's, or an unfused
+  adapter's base layer) with the weight stored transposed, [in, out], so a step's products are
+  `x @ W_t` with neither operand transposed. OpenBLAS packs the weight on every call, and on
+  one thread packs this layout faster: 13-15% more tokens/s at widths 4 and 8. On every core
+  (width 16 and up) it was level at 16 and 3.5% slower at 32, so the decode loop asks for it
+  only where it decodes at the default thread count (`transposed`; BENCHMARKS.md, "Decoding:
+  where a step goes"). Not the output head (a vocabulary-wide product, faster as it is). The
+  copies cost the blocks' weight bytes again, so models whose block weights exceed
+  `TRANSPOSED_MAX_BYTES` decode as they are.
 
-`compiled_decode_kernels(model)` applies both for the duration of a `with` block and restores
-the model's modules on exit; like everything in this folder it does nothing unless the gate
+`compiled_decode_kernels(model, transposed)` applies all three for the duration of a `with` block and
+restores the model's modules on exit; like everything in this folder it does nothing unless the gate
 (`cpu.active()`) is on. Results equal `kernels.py`'s up to float rounding
 (tests/test_compiled_decode.py checks the log-probs against the trainer's forward).
 
@@ -32,8 +41,11 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 from . import active, kernels
+
+TRANSPOSED_MAX_BYTES = 256 * 2**20  # block weights up to this are copied transposed (decoding)
 
 
 def decode_attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any,
@@ -58,13 +70,58 @@ def decode_attention(queries: mx.array, keys: mx.array, values: mx.array, cache:
     return (p @ values).reshape(B, Hq, 1, values.shape[-1])
 
 
+class DecodeLinear(nn.Module):
+    """An `nn.Linear` computed as x @ W_t (+ bias), its weight stored transposed, [in, out]."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.weight_t = mx.contiguous(linear.weight.T)
+        if "bias" in linear:
+            self.bias = linear.bias
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if "bias" in self:
+            return mx.addmm(self.bias, x, self.weight_t)
+        return x @ self.weight_t
+
+
+def block_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """(name, layer) of every plain `nn.Linear` inside the model's transformer blocks
+    (`model.layers`): a fused layer, or an adapter's base layer (`...q_proj.linear`)."""
+    inside = {id(m) for block in getattr(model, "layers", []) for m in block.modules()}
+    return [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and id(m) in inside]
+
+
 @contextlib.contextmanager
-def compiled_decode_kernels(model: nn.Module) -> Iterator[None]:
-    """Within the block, `model`'s architecture modules attend with `decode_attention` and its
-    `DecodeRoPE`s share their tables (CPU only; restored on exit)."""
+def _transposed_linears(model: nn.Module) -> Iterator[None]:
+    """Within the block, `block_linears` are `DecodeLinear`s (where their weights take at most
+    `TRANSPOSED_MAX_BYTES`); the layers are put back on exit."""
+    linears = block_linears(model)
+    if not linears or sum(m.weight.nbytes for _, m in linears) > TRANSPOSED_MAX_BYTES:
+        yield
+        return
+    model.update_modules(tree_unflatten([(n, DecodeLinear(m)) for n, m in linears]))
+    try:
+        yield
+    finally:
+        model.update_modules(tree_unflatten(linears))
+
+
+@contextlib.contextmanager
+def compiled_decode_kernels(model: nn.Module, transposed: bool = False) -> Iterator[None]:
+    """Within the block, `model`'s architecture modules attend with `decode_attention`, its
+    `DecodeRoPE`s share their tables and, with `transposed`, its blocks' linear layers are
+    `DecodeLinear`s (CPU only; restored on exit)."""
     if not active():
         yield
         return
+    with (_transposed_linears(model) if transposed else contextlib.nullcontext()), \
+            _decode_attention_and_rope(model):
+        yield
+
+
+@contextlib.contextmanager
+def _decode_attention_and_rope(model: nn.Module) -> Iterator[None]:
     swapped = [(mod, name, old) for mod in kernels._arch_modules(model)
                for name, old in vars(mod).copy().items()
                if old is kernels.scaled_dot_product_attention]

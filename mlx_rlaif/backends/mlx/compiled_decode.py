@@ -81,7 +81,7 @@ def decode(model: nn.Module, cache: list[Any], first: list[int], max_tokens: int
     stepper = _stepper(model, pick)
     try:
         threads = 0 if shared_cores else blas_threads_for(len(first))
-        with blas_threads(threads), compiled_decode_kernels(model):
+        with blas_threads(threads), compiled_decode_kernels(model, transposed=threads == 0):
             return _Loop(stepper, cache, first, max_tokens, eos, keep_caches, on_done,
                          clock or _no_clock, max(1, read_every or READ_EVERY)).run()
     finally:
@@ -93,7 +93,8 @@ def blas_threads_for(width: int) -> int:
     leave the default, one thread on two cores): every core from `BLAS_WIDE` rows, where the
     products are tall enough to split and the host thread, waiting on the compiled step, leaves
     its core free (not while the sandbox scores alongside: BENCHMARKS.md, "Decoding: where a
-    step goes")."""
+    step goes"). At the default count the blocks' weights decode transposed
+    (`cpu.decode_kernels.DecodeLinear`), which packs faster on one thread."""
     return train_threads() if width >= BLAS_WIDE else 0
 
 
