@@ -25,10 +25,11 @@ specialized here (measured in BENCHMARKS.md, "Decoding: where a step goes"):
   copies cost the blocks' weight bytes again, so models whose block weights exceed
   `TRANSPOSED_MAX_BYTES` decode as they are.
 
-`compiled_decode_kernels(model, transposed)` applies all three for the duration of a `with` block and
-restores the model's modules on exit; like everything in this folder it does nothing unless the gate
-(`cpu.active()`) is on. Results equal `kernels.py`'s up to float rounding
-(tests/test_compiled_decode.py checks the log-probs against the trainer's forward).
+`compiled_decode_kernels(model, transposed)` applies all three for the duration of a `with`
+block and restores the model's modules on exit; like everything in this folder it does nothing
+unless the gate (`cpu.active()`) is on. Results equal `kernels.py`'s and `nn.Linear`'s up to
+float rounding (tests/test_decode.py checks the log-probs against the trainer's forward, float32
+and bfloat16; tests/test_cpu_kernels.py the layers).
 
 Not covered: the GPU (Metal's and CUDA's fused attention and RoPE kernels), the training passes.
 """

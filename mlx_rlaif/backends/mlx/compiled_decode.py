@@ -93,8 +93,8 @@ def blas_threads_for(width: int) -> int:
     leave the default, one thread on two cores): every core from `BLAS_WIDE` rows, where the
     products are tall enough to split and the host thread, waiting on the compiled step, leaves
     its core free (not while the sandbox scores alongside: BENCHMARKS.md, "Decoding: where a
-    step goes"). At the default count the blocks' weights decode transposed
-    (`cpu.decode_kernels.DecodeLinear`), which packs faster on one thread."""
+    step goes"). At the default count (one thread on two cores) the blocks' weights decode
+    transposed (`cpu.decode_kernels.DecodeLinear`), a layout OpenBLAS packs faster there."""
     return train_threads() if width >= BLAS_WIDE else 0
 
 

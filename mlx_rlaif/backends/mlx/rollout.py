@@ -7,9 +7,10 @@ the G members of its group, so no group member recomputes it. The P prompts are 
 forward, left-padded, into mlx-lm's `BatchKVCache`, whose rows are then repeated for the groups
 (models with other caches, sliding windows for instance, prefill each prompt and `merge`). On
 MLX's CPU build the prefill multiplies on every core (many rows per product: 1.3-1.4x faster at
-the tiny shape; `cpu.blas`), unless scoring shares the cores. The sampler's log-probability of each sampled token is kept, at the sampling temperature over the
-full distribution (before top-p/top-k truncation), so the PPO ratio against it is real and
-extra PPO iterations need no extra forward. `completion_batch_size` splits
+the tiny shape; `cpu.blas`), unless scoring shares the cores. The sampler's log-probability of
+each sampled token is kept, at the sampling temperature over the full distribution (before
+top-p/top-k truncation), so the PPO ratio against it is real and extra PPO iterations need no
+extra forward. `completion_batch_size` splits
 the rows into batches decoded one after the other.
 
 Not covered: stop strings (only EOS token ids stop), speculative decoding, prompts longer than the
