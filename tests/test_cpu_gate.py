@@ -1,6 +1,7 @@
 """One gate for every CPU-only path (`mlx_rlaif.cpu.active()`): with MLX's device reported as a
 GPU, or with MLX_RLAIF_CPU_KERNELS=0, no CPU kernel is swapped in, no OpenBLAS thread count
-changes, the reference pass stays on one stream, and the loss and the sampler take `mx.exp`.
+changes, the reference pass stays on one stream, decoding keeps the weights' layout (and the
+memory plan counts no transposed copy), and the loss and the sampler take `mx.exp`.
 Where the gate is on (this machine's CPU build), each of them is active: the control that shows
 the checks can fail."""
 
@@ -17,7 +18,7 @@ from mlx_rlaif import cpu
 from mlx_rlaif.backends.mlx import decode, loss, update
 from mlx_rlaif.backends.mlx.policy import load_policy
 from mlx_rlaif.config import load as load_config
-from mlx_rlaif.cpu import blas, kernels
+from mlx_rlaif.cpu import blas, decode_kernels, kernels
 
 pytestmark = pytest.mark.skipif(not cpu.on_cpu(), reason="MLX computes on a GPU here")
 
@@ -41,12 +42,16 @@ def _paths_taken(model, monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
         swapped = qwen2.swiglu is not activations.swiglu
     with kernels.decode_rope(model):
         rope = any(isinstance(m, kernels.DecodeRoPE) for m in model.modules())
+    with decode_kernels.compiled_decode_kernels(model, transposed=True):
+        transposed = any(isinstance(m, decode_kernels.DecodeLinear) for m in model.modules())
     with blas.blas_threads(2):
         pass
     loss.exp(mx.zeros(3))
     decode.picker(1.0)(mx.zeros((2, 8)))
     streams = update.reference_streams(load_config(None, []), rows=4)
-    return {"kernels": swapped, "rope": rope, "blas_threads": bool(calls),
+    return {"kernels": swapped, "rope": rope, "transposed": transposed,
+            "transposed_bytes": decode_kernels.transposed_bytes(model) > 0,
+            "blas_threads": bool(calls),
             "loss_exp": "loss" in used, "sampler_exp": "sampler" in used,
             "two_streams": len(streams) > 1}
 

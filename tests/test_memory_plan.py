@@ -165,6 +165,25 @@ def test_shape_of_a_loaded_model(micro_model: Path) -> None:
     assert q.lora_params == s.lora_params
 
 
+
+def test_the_plan_counts_the_copies_decoding_makes(micro_model: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused adapters' copy and, on MLX's CPU build, the transposed block weights: by hand,
+    a block's linear weights are 64x(64+32+32+64) + 3 x 64x128 = 36,864 floats, 2 blocks, 4
+    bytes each."""
+    from mlx_rlaif import cpu
+
+    model = load_policy(str(micro_model)).model
+    cfg = load(None, [])
+    block = 2 * 36_864 * 4
+    on_cpu = cpu.active()
+    assert memory_plan.fused_bytes(model, cfg) == block * (2 if on_cpu else 1)
+    monkeypatch.setattr(cpu, "on_cpu", lambda: False)  # a GPU: fused only
+    assert memory_plan.fused_bytes(model, cfg) == block
+    monkeypatch.setenv("MLX_RLAIF_CPU_KERNELS", "0")
+    cfg = load(None, ["generation.fuse_lora_max_mb=0"])
+    assert memory_plan.fused_bytes(model, cfg) == 0
+
 def _rollouts(P: int, G: int, n: int, vocab: int) -> list[Rollout]:
     rng = np.random.default_rng(0)
     out = []

@@ -93,12 +93,20 @@ def block_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and id(m) in inside]
 
 
+def transposed_bytes(model: nn.Module) -> int:
+    """Bytes of the copies `compiled_decode_kernels(model, transposed=True)` makes (0: none, the
+    gate is off or the blocks' weights exceed `TRANSPOSED_MAX_BYTES`); the memory plan counts
+    them with the decode step."""
+    size = sum(m.weight.nbytes for _, m in block_linears(model)) if active() else 0
+    return size if size <= TRANSPOSED_MAX_BYTES else 0
+
+
 @contextlib.contextmanager
 def _transposed_linears(model: nn.Module) -> Iterator[None]:
-    """Within the block, `block_linears` are `DecodeLinear`s (where their weights take at most
-    `TRANSPOSED_MAX_BYTES`); the layers are put back on exit."""
+    """Within the block, `block_linears` are `DecodeLinear`s (where `transposed_bytes` allows);
+    the layers are put back on exit."""
     linears = block_linears(model)
-    if not linears or sum(m.weight.nbytes for _, m in linears) > TRANSPOSED_MAX_BYTES:
+    if not transposed_bytes(model):
         yield
         return
     model.update_modules(tree_unflatten([(n, DecodeLinear(m)) for n, m in linears]))

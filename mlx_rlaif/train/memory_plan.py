@@ -42,11 +42,15 @@ def work_of(cfg: Config, prompt_len: int) -> memory.Work:
 
 
 def fused_bytes(model: Any, cfg: Config) -> int:
-    """The copy decoding with fused adapters makes (policy.lora_fused), or 0."""
+    """The copies decoding makes: the fused adapters' (policy.lora_fused) and, on MLX's CPU
+    build, the blocks' weights transposed (cpu.decode_kernels; counted at every width, though
+    only narrow batches decode that way); 0 for none."""
     from ..backends.mlx.policy import fused_lora_bytes
+    from ..cpu.decode_kernels import transposed_bytes
 
     size = fused_lora_bytes(model)
-    return size if size is not None and size <= cfg.generation.fuse_lora_max_mb * 2**20 else 0
+    fused = size if size is not None and size <= cfg.generation.fuse_lora_max_mb * 2**20 else 0
+    return fused + transposed_bytes(model)
 
 
 def make_plan(cfg: Config, model: Any, prompt_len: int, budget: int

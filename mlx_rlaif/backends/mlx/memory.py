@@ -88,7 +88,7 @@ class Shape:
     weight_bytes: int  # the base's weights as loaded (quantized included)
     act_bytes: int
     lora_params: int  # adapter parameters (float32)
-    fused_bytes: int = 0  # the copy decoding with fused adapters makes (0: decodes unfused)
+    fused_bytes: int = 0  # the copies decoding makes (fused adapters; transposed on the CPU)
     cpu_kernels: bool = True  # cpu/kernels.py's fused SwiGLU (off: mlx-lm's, Metal and CUDA)
 
 
