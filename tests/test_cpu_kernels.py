@@ -228,8 +228,8 @@ def test_transposed_decode_linears_match_and_restore(micro_model: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """`compiled_decode_kernels(model, transposed=True)` makes the blocks' linear layers (an
     adapter's base layer, or a fused copy) `DecodeLinear`s, not the head; the outputs are the
-    same, and the layers are put back on exit. Over the byte bound, or without `transposed`,
-    nothing changes."""
+    same, and the layers are put back on exit. Over the byte bound, without `transposed`, or in
+    bfloat16, nothing changes."""
     from mlx_rlaif.cpu import decode_kernels
 
     model = load_policy(str(micro_model)).model
@@ -260,6 +260,11 @@ def test_transposed_decode_linears_match_and_restore(micro_model: Path,
     with decode_kernels.compiled_decode_kernels(model, transposed=False):
         assert kinds() == plain
     monkeypatch.setattr(decode_kernels, "TRANSPOSED_MAX_BYTES", 0)
+    with decode_kernels.compiled_decode_kernels(model, transposed=True):
+        assert kinds() == plain
+    monkeypatch.undo()
+    model.set_dtype(mx.bfloat16)  # MLX's own product, not OpenBLAS's: left as it is
+    assert not decode_kernels.block_linears(model) and not decode_kernels.transposed_bytes(model)
     with decode_kernels.compiled_decode_kernels(model, transposed=True):
         assert kinds() == plain
 

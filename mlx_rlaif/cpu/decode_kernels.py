@@ -15,8 +15,8 @@ specialized here (measured in BENCHMARKS.md, "Decoding: where a step goes"):
   compiled step sees them as one constant and `mx.compile` computes the rotation angles of a
   step once for all layers instead of once per layer and projection (the positions are the
   same; arrays among the model's parameters are separate inputs of the compiled step).
-- `DecodeLinear`: the transformer blocks' linear layers (a fused decode copy's, or an unfused
-  adapter's base layer) with the weight stored transposed, [in, out], so a step's products are
+- `DecodeLinear`: the transformer blocks' float32 linear layers (a fused decode copy's, or an
+  unfused adapter's base layer) with the weight stored transposed, [in, out], so a step's products are
   `x @ W_t` with neither operand transposed. OpenBLAS packs the weight on every call, and on
   one thread packs this layout faster: 13-15% more tokens/s at widths 4 and 8. On every core
   (width 16 and up) it was level at 16 and 3.5% slower at 32, so the decode loop asks for it
@@ -87,10 +87,13 @@ class DecodeLinear(nn.Module):
 
 
 def block_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
-    """(name, layer) of every plain `nn.Linear` inside the model's transformer blocks
-    (`model.layers`): a fused layer, or an adapter's base layer (`...q_proj.linear`)."""
+    """(name, layer) of every plain float32 `nn.Linear` inside the model's transformer blocks
+    (`model.layers`): a fused layer, or an adapter's base layer (`...q_proj.linear`). Float32
+    only: OpenBLAS runs those products; MLX's own bfloat16 product was level or slower
+    transposed (0.97x at width 8)."""
     inside = {id(m) for block in getattr(model, "layers", []) for m in block.modules()}
-    return [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and id(m) in inside]
+    return [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear
+            and id(m) in inside and m.weight.dtype == mx.float32]
 
 
 def transposed_bytes(model: nn.Module) -> int:
