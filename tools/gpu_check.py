@@ -380,15 +380,24 @@ def spawn(name: str, quick: bool, budget: float, env: dict) -> dict:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=budget + 30, env=env)
     except subprocess.TimeoutExpired:
         return {"status": f"over {budget + 30:.0f} s", "wall_s": time.perf_counter() - tic}
-    lines = [x for x in done.stdout.splitlines() if x.startswith(MARK)]
+    out, found = marked_result(done, MARK, tic)
+    if not found:
+        out["stderr"] = "\n".join(done.stderr.splitlines()[-25:])[-3000:]
+    return out
+
+
+def marked_result(done: subprocess.CompletedProcess, mark: str, tic: float
+                  ) -> tuple[dict[str, Any], bool]:
+    """A child's result (the JSON on the last line of its stdout that starts with `mark`, with
+    a status, "ok" where it exited 0 and printed one, and the seconds since `tic`), and whether
+    it printed one (tools/q4_probe.py reads its children the same way)."""
+    lines = [x for x in done.stdout.splitlines() if x.startswith(mark)]
     out: dict[str, Any] = {"status": "ok" if done.returncode == 0 and lines else
                            f"failed (exit {done.returncode})",
                            "wall_s": time.perf_counter() - tic}
     if lines:
-        out.update(json.loads(lines[-1][len(MARK):]))
-    else:
-        out["stderr"] = "\n".join(done.stderr.splitlines()[-25:])[-3000:]
-    return out
+        out.update(json.loads(lines[-1][len(mark):]))
+    return out, bool(lines)
 
 
 def needed(name: str, results: dict) -> bool:

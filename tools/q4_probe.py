@@ -40,6 +40,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from gpu_check import marked_result  # noqa: E402 (a sibling script: its children's results)
+
 MARK = "Q4-RESULT "
 SHAPES = {"0.5b": dict(width=896, vocab=151936, mlp=4864, model="qwen0.5b", P=2, G=8, T=256),
           "micro": dict(width=64, vocab=512, mlp=128, model="micro", P=1, G=2, T=16)}
@@ -167,12 +170,7 @@ def spawn(name: str, opts: dict, shape: str, blocking: bool, timeout: float,
                 if isinstance(tail, bytes) else tail}
     except FileNotFoundError as e:
         return {"status": f"not run: {e}"}
-    lines = [x for x in done.stdout.splitlines() if x.startswith(MARK)]
-    out: dict[str, Any] = {"status": "ok" if done.returncode == 0 and lines else
-                           f"failed (exit {done.returncode})",
-                           "wall_s": time.perf_counter() - tic}
-    if lines:
-        out.update(json.loads(lines[-1][len(MARK):]))
+    out, _ = marked_result(done, MARK, tic)
     if out["status"] != "ok" or sanitize:
         out["stderr"] = "\n".join((done.stderr + done.stdout).splitlines()[-25:])[-3000:]
     return out
