@@ -83,6 +83,18 @@ def test_the_q4_probe_stage_reports_alone(tmp_path: Path) -> None:
     assert res["logits"] == [7, 512] and res["dh_finite"] is True
 
 
+
+def test_the_q4_probe_matrix_runs_every_stage_at_a_small_shape(tmp_path: Path) -> None:
+    """Every stage of the probe's matrix reports "ok" (its `chunks` stage imported loss
+    functions that had been renamed, so on a GPU it would have reported an ImportError, not
+    the kernel's fault)."""
+    out = tmp_path / "q4.json"
+    subprocess.run([sys.executable, str(ROOT / "tools" / "q4_probe.py"), "--shape", "micro",
+                    "--json", str(out)], capture_output=True, text=True, timeout=300, check=True)
+    stages = json.loads(out.read_text())["stages"]
+    assert {k: v["status"] for k, v in stages.items() if v["status"] != "ok"} == {}
+    assert stages["chunks"]["chunks"] == 4 and stages["chunks"]["dh_finite"] is True
+
 def test_the_kernel_cache_travels_as_one_archive(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """`--kernel-cache FILE`: the compiled kernels of one lease unpacked in the next, so its

@@ -11,7 +11,7 @@ Stages (Qwen2.5-0.5B's shape: width 896, vocabulary 151,936, MLP 4,864; bfloat16
   respect to the hidden states (a quantized matmul with the weight not transposed);
 - `lora`: one quantized linear layer with mlx-lm's LoRA on it, forward and backward over
   2 x 8 x 256 rows;
-- `chunks`: the loss's chunked log-probs and their gradient (`loss.head_stats`, `head_grad`)
+- `chunks`: the loss's chunked log-probs and their gradient (`loss.head_logprobs`, four chunks)
   through the quantized head over [16, 256] positions;
 - `probe`: the model quantized at load, the reference pass and one update on 2 x 8 synthetic
   completions of 256 tokens (tools/bench_scale.py's train-only probe);
@@ -95,19 +95,24 @@ def stage_chunks(s: dict, bits: int, group: int) -> dict:
     import mlx.core as mx
     import mlx.nn as nn
 
-    from mlx_rlaif.backends.mlx.loss import Split, head_grad, head_stats
+    from mlx_rlaif.backends.mlx.loss import Split, chunk_slices, head_logprobs
 
     emb = nn.Embedding(s["vocab"], s["width"])
     emb.set_dtype(mx.bfloat16)
     q = nn.QuantizedEmbedding.from_embedding(emb, group_size=group, bits=bits)
     split = Split(nn.Identity(), q.as_linear, s["vocab"])
     n, w = s["P"] * s["G"], s["T"]
+    limit_mb = 4 * s["vocab"] * (n * w // 4) / 2**20  # four chunks of positions
     hidden = mx.random.normal((n, w, s["width"])).astype(mx.bfloat16)
     targets = mx.random.randint(0, s["vocab"], (n, w))
-    logp, ent = head_stats(split, hidden, targets, 1.0)
-    dh = head_grad(split, hidden, targets, 1.0, mx.ones_like(logp), mx.zeros_like(ent))
-    mx.eval(dh)
-    return {"logp_finite": bool(mx.isfinite(logp).all().item()),
+
+    def stats(h: mx.array) -> tuple[mx.array, mx.array]:
+        return head_logprobs(split, h, targets, 1.0, limit_mb)
+
+    (logp, ent), (dh,) = mx.vjp(stats, [hidden], [mx.ones((n, w)), mx.zeros((n, w))])
+    mx.eval(logp, dh)
+    return {"chunks": len(chunk_slices(split, n * w, limit_mb)),
+            "logp_finite": bool(mx.isfinite(logp).all().item()),
             "dh_finite": bool(mx.isfinite(dh).all().item())}
 
 
