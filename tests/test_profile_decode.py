@@ -56,3 +56,15 @@ def test_ablate_writes_paired_ratios_per_part(tmp_path):
 def test_an_unknown_part_is_refused_with_the_choices():
     with pytest.raises(SystemExit, match="unknown part.*choose from attention, sampler"):
         profile_decode.ablate(None, ["sampler", "mlp"], 1)
+
+
+@pytest.mark.slow
+def test_rollouts_runs_only_the_compiled_loop_and_records_its_rate(tmp_path):
+    out = tmp_path / "rollouts.json"
+    cmd = [sys.executable, str(ROOT / "tools" / "profile_decode.py"), "--shape", "micro",
+           "--widths", "4", "--tokens", "4", "--rollouts", "2", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())["profile_decode"]["rollouts/micro/float32/w4/T4"]
+    assert result["rollouts"] == 2 and result["tokens_per_s"] > 0
+    assert "over 2 rollouts" in proc.stdout and "eager" not in proc.stdout

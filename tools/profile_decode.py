@@ -7,6 +7,8 @@ and without fused LoRA, and the loop side by side with mlx-lm's `BatchGenerator`
     python tools/profile_decode.py --compare --widths 32 --reps 5   # tokens/s: ours, eager,
                                                                     # mlx-lm, same run
     python tools/profile_decode.py --ablate attention,sampler,kv_write --widths 32 --reps 7
+    perf record -F 2000 -- python tools/profile_decode.py --rollouts 40 --widths 32
+                                                   # the loop alone, for a sampling profiler
 
 Models are random-weight Qwen2s of `mlx_rlaif.testing.randmodel`'s shapes (`tiny`: 4 layers of
 width 256, vocabulary 4,096; `qwen0.5b`: Qwen2.5-0.5B's) built in memory, LoRA rank 8 on every
@@ -87,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
                 print_compare(key, result)
                 save(args, {key: result}, argv)
                 continue
+            if args.rollouts:
+                key = f"rollouts/{args.shape}/{dtype}/w{width}/T{args.tokens}"
+                result = rollouts(setting, args.rollouts)
+                print(f"{key}: {result['tokens_per_s']:.0f} tok/s over {args.rollouts} rollouts",
+                      flush=True)
+                save(args, {key: result}, argv)
+                continue
             if args.ablate:
                 key = f"ablate/{args.shape}/{dtype}/w{width}/T{args.tokens}"
                 result = ablate(setting, args.ablate.split(","), args.reps)
@@ -126,6 +135,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="tokens/s of ours, eager and mlx-lm's BatchGenerator instead")
     ap.add_argument("--ablate", default="", help="compiled loop without these parts (timing "
                     "only, CPU build): attention, sampler, kv_write")
+    ap.add_argument("--rollouts", type=int, default=0, help="only run the compiled loop (fused) "
+                    "this many times, after one untimed: for a sampling profiler (perf)")
     ap.add_argument("--reps", type=int, default=1, help="timed runs per setting (medians)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="", help="write results here (merged into the file)")
@@ -288,6 +299,15 @@ def compare(s: Setting, reps: int) -> dict[str, Any]:
             "ours_over_mlx_lm": med["ours"] / med["mlx_lm"],
             "paired": {"ours_over_eager": paired(tps["ours"], tps["eager"]),
                        "ours_over_mlx_lm": paired(tps["ours"], tps["mlx_lm"])}}
+
+
+def rollouts(s: Setting, n: int) -> dict[str, Any]:
+    """Tokens/s of `n` rollouts of the compiled loop back to back (`--rollouts`), after one
+    untimed: nothing else runs, so a sampling profiler sees the loop alone."""
+    run_ours(s, True, True)
+    runs = [run_ours(s, True, True)[:2] for _ in range(n)]
+    return {"width": s.width, "tokens": s.tokens, "rollouts": n,
+            "tokens_per_s": sum(t for _, t in runs) / sum(sec for sec, _ in runs)}
 
 
 def ablate(s: Setting, parts: list[str], reps: int) -> dict[str, Any]:
