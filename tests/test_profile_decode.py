@@ -20,7 +20,7 @@ def test_each_ablation_is_put_back_and_keeps_its_own_compiled_steps():
     from mlx_rlaif.cpu import decode_kernels
 
     before = (decode.Sampler.draw, compiled_decode.StaticKV.update_and_fetch,
-              decode_kernels.decode_attention)
+              decode_kernels.decode_attention, decode_kernels._transposed_linears)
 
     class Model:
         pass
@@ -32,11 +32,11 @@ def test_each_ablation_is_put_back_and_keeps_its_own_compiled_steps():
         with profile_decode._without(model, name, steps):
             assert model._compiled_decode_steps is steps  # the variant's, kept across reps
             now = (decode.Sampler.draw, compiled_decode.StaticKV.update_and_fetch,
-                   decode_kernels.decode_attention)
+                   decode_kernels.decode_attention, decode_kernels._transposed_linears)
             assert sum(a is not b for a, b in zip(now, before, strict=True)) == (name != "whole")
         assert model._compiled_decode_steps is own
     assert (decode.Sampler.draw, compiled_decode.StaticKV.update_and_fetch,
-            decode_kernels.decode_attention) == before
+            decode_kernels.decode_attention, decode_kernels._transposed_linears) == before
 
 
 @pytest.mark.slow

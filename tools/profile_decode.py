@@ -44,8 +44,10 @@ same width and tokens, interleaved, and reports tokens/s (prefill included) and 
 `--ablate PARTS` (timing only: the tokens are wrong on purpose) runs the compiled loop whole and
 with each part removed, interleaved, on MLX's CPU build: `attention` (each layer's one-query
 attention returns its queries, still reading the KV buffers), `sampler` (argmax, no log-prob
-pass), `kv_write` (the step's keys and values not written into the buffers). The paired
-speed-up r of removing a part bounds its share of a step: about 1 - 1/r.
+pass), `kv_write` (the step's keys and values not written into the buffers), `transposed`
+(the blocks' weights decoded in their own layout where the loop would transpose them: below 16
+rows; tokens right up to rounding). The paired speed-up r of removing a part bounds its share
+of a step: about 1 - 1/r (for `transposed`, below 1: what the layout gains).
 
 `--json OUT` writes each setting's result as it ends, merged into OUT when it exists (one key
 per setting), so a run cut short keeps what it measured.
@@ -350,11 +352,18 @@ def _no_kv_write(self: Any, keys: Any, values: Any) -> tuple[Any, Any]:
     return self.state["k"][self.i], self.state["v"][self.i]
 
 
+@contextlib.contextmanager
+def _not_transposed(model: Any) -> Any:
+    yield
+
+
 ABLATIONS = {"attention": ("mlx_rlaif.cpu.decode_kernels", None, "decode_attention",
                            _no_attention),
              "sampler": ("mlx_rlaif.backends.mlx.decode", "Sampler", "draw", _no_sampler),
              "kv_write": ("mlx_rlaif.backends.mlx.compiled_decode", "StaticKV",
-                          "update_and_fetch", _no_kv_write)}
+                          "update_and_fetch", _no_kv_write),
+             "transposed": ("mlx_rlaif.cpu.decode_kernels", None, "_transposed_linears",
+                            _not_transposed)}
 
 
 @contextlib.contextmanager
