@@ -18,10 +18,10 @@ specialized here (measured in BENCHMARKS.md, "Decoding: where a step goes"):
 - `DecodeLinear`: the transformer blocks' float32 linear layers (a fused decode copy's, or an
   unfused adapter's base layer) with the weight stored transposed, [in, out], so a step's
   products are `x @ W_t` with neither operand transposed. OpenBLAS packs the weight on every
-  call, and on one thread packs this layout faster: 13-15% more tokens/s at widths 4 and 8. On every core
-  (width 16 and up) it was level at 16 and 3.5% slower at 32, so the decode loop asks for it
-  only where it decodes at the default thread count (`transposed`; BENCHMARKS.md, "Decoding:
-  where a step goes"). Not the output head (a vocabulary-wide product, faster as it is). The
+  call, and on one thread packs this layout faster: 11-18% more tokens/s at widths 4 and 8. On
+  every core (width 16 and up) it was level at 16 and 3% slower at 32, so the decode loop asks
+  for it only where it decodes at the default thread count (`transposed`; BENCHMARKS.md,
+  "Decoding: where a step goes"; `tools/profile_decode.py --ablate transposed`). Not the output head (a vocabulary-wide product, faster as it is). The
   copies cost the blocks' weight bytes again, so models whose block weights exceed
   `TRANSPOSED_MAX_BYTES` decode as they are.
 
