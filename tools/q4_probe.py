@@ -103,7 +103,8 @@ def stage_chunks(s: dict, bits: int, group: int) -> dict:
     split = Split(nn.Identity(), q.as_linear, s["vocab"])
     n, w = s["P"] * s["G"], s["T"]
     # the loss's own chunks (110 positions at the 0.5B shape), or four where it makes one
-    limit_mb = None if len(chunk_slices(split, n * w)) > 1 else 4 * s["vocab"] * (n * w // 4) / 2**20
+    limit_mb = None if len(chunk_slices(split, n * w)) > 1 \
+        else 4 * s["vocab"] * (n * w // 4) / 2**20
     hidden = mx.random.normal((n, w, s["width"])).astype(mx.bfloat16)
     targets = mx.random.randint(0, s["vocab"], (n, w))
 

@@ -21,9 +21,9 @@ specialized here (measured in BENCHMARKS.md, "Decoding: where a step goes"):
   call, and on one thread packs this layout faster: 11-18% more tokens/s at widths 4 and 8. On
   every core (width 16 and up) it was level at 16 and 3% slower at 32, so the decode loop asks
   for it only where it decodes at the default thread count (`transposed`; BENCHMARKS.md,
-  "Decoding: where a step goes"; `tools/profile_decode.py --ablate transposed`). Not the output head (a vocabulary-wide product, faster as it is). The
-  copies cost the blocks' weight bytes again, so models whose block weights exceed
-  `TRANSPOSED_MAX_BYTES` decode as they are.
+  "Decoding: where a step goes"; `tools/profile_decode.py --ablate transposed`). Not the
+  output head (a vocabulary-wide product, faster as it is). The copies cost the blocks' weight
+  bytes again, so models whose block weights exceed `TRANSPOSED_MAX_BYTES` decode as they are.
 
 `compiled_decode_kernels(model, transposed)` applies all three for the duration of a `with`
 block and restores the model's modules on exit; like everything in this folder it does nothing
@@ -100,16 +100,20 @@ def transposed_bytes(model: nn.Module) -> int:
     """Bytes of the copies `compiled_decode_kernels(model, transposed=True)` makes (0: none, the
     gate is off or the blocks' weights exceed `TRANSPOSED_MAX_BYTES`); the memory plan counts
     them with the decode step."""
-    size = sum(m.weight.nbytes for _, m in block_linears(model)) if active() else 0
+    return _within_bound(block_linears(model)) if active() else 0
+
+
+def _within_bound(linears: list[tuple[str, nn.Linear]]) -> int:
+    size = sum(m.weight.nbytes for _, m in linears)
     return size if size <= TRANSPOSED_MAX_BYTES else 0
 
 
 @contextlib.contextmanager
 def _transposed_linears(model: nn.Module) -> Iterator[None]:
-    """Within the block, `block_linears` are `DecodeLinear`s (where `transposed_bytes` allows);
-    the layers are put back on exit."""
+    """Within the block, `block_linears` are `DecodeLinear`s (where their bytes are within
+    `TRANSPOSED_MAX_BYTES`); the layers are put back on exit."""
     linears = block_linears(model)
-    if not transposed_bytes(model):
+    if not _within_bound(linears):
         yield
         return
     model.update_modules(tree_unflatten([(n, DecodeLinear(m)) for n, m in linears]))
