@@ -1,8 +1,16 @@
 """The `mlx-rlaif` command line. Subcommands only parse arguments and call the library.
 
 Each subcommand is a module in `mlx_rlaif.commands` with `HELP`, `add_arguments(parser)` and
-`run(args) -> int`. Usage errors (RlaifError subclasses ConfigError / UsageError) print one line
-and exit with code 2; other RlaifErrors exit with code 1.
+`run(args) -> int`, and optionally `check(args)`: a cheap validation (the config, say) that runs
+before anything heavy. To add a command: its module, a line in COMMANDS and one in GUIDES.
+Usage errors (RlaifError subclasses ConfigError / UsageError) print one line and exit with code 2;
+other RlaifErrors exit with code 1.
+
+The command line answers at once: every command module is imported to build the parser, so a
+module's top level imports nothing heavy (mlx-lm, transformers, torch, the API SDKs: they are
+imported inside `run`; tests/test_cli_imports.py checks it). `--help`, a usage error and a
+`check` error are answered before the OpenBLAS re-execution (cpu/blas.py), which only commands
+that compute (all but LIGHT) go through.
 """
 
 from __future__ import annotations
@@ -51,6 +59,10 @@ GUIDES: dict[str, str] = {
     "doctor": "docs/memory.md",
 }
 
+# commands that never compute with MLX: no OpenBLAS re-execution for them
+LIGHT: frozenset[str] = frozenset({"summary", "export-dataset", "export-peft", "migrate-config",
+                                   "data"})
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -67,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,
                            epilog=f"Guide: {GUIDES[name]} in the repository.")
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _check=getattr(mod, "check", None))
     return parser
 
 
@@ -87,26 +99,32 @@ def _setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from .cpu.blas import maybe_reexec_with_fast_blas
-
-    maybe_reexec_with_fast_blas()
-    problem = mlx_unavailable()
+    problem = mlx_unavailable()  # first: a command module may import mlx.core (a few ms)
     if problem:
         print(f"mlx-rlaif: error: {problem}", file=sys.stderr)
         return 1
+    parser = build_parser()
+    if not argv:
+        argv = ["train"]  # the embedded default: the quickstart
+    args = parser.parse_args(argv)  # --help and usage errors end here, before anything heavy
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        _check(args)
+    except (ConfigError, UsageError) as e:
+        print(f"mlx-rlaif {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    if args.command not in LIGHT:
+        from .cpu.blas import maybe_reexec_with_fast_blas
+
+        maybe_reexec_with_fast_blas()
     from .install import installed_backends, mixed_builds
 
     mixed = mixed_builds(installed_backends())
     if mixed:  # MLX loaded one of them: which one is an accident of the install order
         print(f"mlx-rlaif: warning: {mixed}", file=sys.stderr)
     _setup_logging()
-    parser = build_parser()
-    if not argv:
-        argv = ["train"]  # the embedded default: the quickstart
-    args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
-        parser.print_help()
-        return 2
     try:
         return int(args._run(args) or 0)
     except (ConfigError, UsageError) as e:
@@ -115,6 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     except RlaifError as e:
         print(f"mlx-rlaif {args.command}: error: {e}", file=sys.stderr)
         return 1
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The command's own cheap validation (`check(args)`, where its module has one), silent:
+    its log lines come once, from the run itself."""
+    check = getattr(args, "_check", None)
+    if check is None:
+        return
+    logging.disable(logging.CRITICAL)
+    try:
+        check(args)
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def mlx_unavailable() -> str | None:

@@ -45,7 +45,6 @@ from ..errors import CheckpointError
 from ..faults import fault
 from .atomic import write_json, write_json_atomic
 from .integrity import problem, write_manifest
-from .lora import adapter_weights
 
 ADAPTERS = "adapters.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -90,6 +89,8 @@ def save_checkpoint(
 ) -> Path:
     """Write a complete MLX checkpoint atomically and return its path. `extra_arrays`: more
     safetensors files by name (a critic's value head, a moving reference's adapters)."""
+
+    from .lora import adapter_weights  # mlx-lm: imported where a checkpoint is written
 
     def weights(tmp: Path) -> None:
         save_safetensors(tmp / ADAPTERS, adapter_weights(model))
@@ -270,6 +271,8 @@ def base_model_of(adapter_dir: Path, override: str | None = None) -> str:
 
 def load_weights_into(model: Any, ckpt: Path) -> None:
     """Load adapter weights into a model that already has LoRA layers of the same shape."""
+    from .lora import adapter_weights
+
     weights = mx.load(str(Path(ckpt) / ADAPTERS))
     have = adapter_weights(model)
     missing = sorted(set(have) - set(weights))

@@ -100,6 +100,12 @@ def resolve_on_rank0(world: World, args: argparse.Namespace) -> tuple[Config, Pa
     return from_dict(raw["config"]), Path(raw["resume"]) if raw["resume"] else None
 
 
+def check(args: argparse.Namespace) -> None:
+    """The config as `run` loads it, before anything heavy is imported: a config error is
+    answered at once (cli.py calls this first)."""
+    load(config_path(args), overrides(args))
+
+
 def run(args: argparse.Namespace) -> int:
     from ..train import train
     from ..train.distributed import connect
