@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlx_rlaif.config import check, load
+from mlx_rlaif.config import batch_sequences, check, load
 from mlx_rlaif.errors import ConfigError
 
 # where a row's overrides name the adapters a run starts from (rl.reference initial): the caller
@@ -200,6 +200,32 @@ def effective_agg(cfg: Any) -> str:
     return agg
 
 
+F32_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def sum_tolerance(terms: float, size: float) -> float:
+    """How far two float32 sums of the same `terms` per-token values, grouped differently
+    (loss/total sums each token's policy + KL - entropy terms, then the tokens; the parts sum
+    each term over the tokens, then add), may differ: Higham's bound for recursive summation,
+    (n - 1) u sum |x| plus each token's own three, with n the terms, u float32's unit roundoff and sum |x| taken as the
+    loss's size (its KL and policy terms dominate it). The per-token terms are float32 in both
+    dtypes (the log-probs are upcast before the objective), so bfloat16 rows need no other
+    bound; what grows the gap is a large loss (k3's exp(ref - logp) reaches 1e7 a token once a
+    row's lr=0.01 run diverges), not the model's dtype."""
+    return (terms + 2.0) * F32_UNIT_ROUNDOFF * (1.0 + size) + 1e-7
+
+
+def weight_sum(cfg: Any, m: dict[str, float]) -> float:
+    """The sum of the loss's per-token weights over a step's tokens (algo/aggregation.py),
+    which bounds its entropy term by entropy_coef log V times it: 1 for the per-sequence mean;
+    for Dr. GRPO's constant divisor, tokens / (max_new_tokens x the configured batch's
+    sequences), over 1 where multi-turn sequences hold more than max_new_tokens trained
+    tokens (turn 2's completion too)."""
+    if effective_agg(cfg) != "constant":
+        return 1.0
+    return max(1.0, m["train/tokens"] / (cfg.generation.max_new_tokens * batch_sequences(cfg)))
+
+
 def violations(row: dict[str, str], cfg: Any, steps: Sequence[dict[str, float]], vocab: int
                ) -> list[str]:
     """What in the metrics of the steps of `row` (trained with `cfg`) breaks an invariant
@@ -228,14 +254,15 @@ def violations(row: dict[str, str], cfg: Any, steps: Sequence[dict[str, float]],
         if not 0.0 <= m["policy/clipfrac"] <= 1.0:
             bad(f"policy/clipfrac = {m['policy/clipfrac']}")
         parts = m["loss/policy"] + m.get("loss/kl", 0.0) + value_coef * m.get("loss/value", 0.0)
-        gap, tol = parts - m["loss/total"], 2e-5 * (1 + abs(parts)) + 1e-7
+        gap = parts - m["loss/total"]
+        tol = sum_tolerance(m["train/tokens"] * cfg.rl.num_iterations, abs(parts))
         if effective_agg(cfg) == "token":  # weights 1/tokens: the entropy term is its mean
             if abs(gap - entropy_coef * m["policy/entropy"]) > tol:
                 bad(f"loss/total {m['loss/total']} != loss/policy + loss/kl + value term - "
                     f"entropy term ({parts} - {entropy_coef * m['policy/entropy']})")
-        elif not -tol <= gap <= entropy_coef * math.log(vocab) + tol:
+        elif not -tol <= gap <= entropy_coef * math.log(vocab) * weight_sum(cfg, m) + tol:
             bad(f"loss/total {m['loss/total']} vs loss/policy + loss/kl + value term {parts}: "
-                f"the entropy term {gap} is outside [0, entropy_coef log V]")
+                f"the entropy term {gap} is outside [0, entropy_coef log V sum(w)]")
         kl = row["KL"]
         if (kl == "loss") != ("loss/kl" in m):
             bad(f"KL {kl} but loss/kl {'present' if 'loss/kl' in m else 'absent'}")

@@ -110,6 +110,9 @@ def _deterministic_sampling(monkeypatch):
     monkeypatch.setattr(Run, "sample", per_task)
 
 
+KL_ROUNDING = 4 * 16 * 2.0 ** -24  # 4 ulps of a float32 log-prob of magnitude up to 16
+
+
 def test_gradient_accumulation_equals_one_step_on_the_combined_batch(micro_model, tmp_path,
                                                                      monkeypatch):
     from mlx_rlaif.train import train
@@ -135,8 +138,12 @@ def test_gradient_accumulation_equals_one_step_on_the_combined_batch(micro_model
                          "training.gradient_accumulation_steps=2")
     assert [m["train/sequences"] for _, m in b.steps] == [8.0, 8.0]  # 2 x 2 prompts x G
     for (_, ma), (_, mb) in zip(a.steps, b.steps, strict=True):  # same loss, same gradient
-        for key in ("loss/total", "optim/grad_norm", "kl/mean", "train/tokens"):
+        for key in ("loss/total", "optim/grad_norm", "train/tokens"):
             assert mb[key] == pytest.approx(ma[key], rel=1e-4), key
+        # kl/mean is a mean of logp - ref_logp, two float32 passes that agree exactly in
+        # theory on step 1 (no adapter yet): it is their rounding, a few ulps of a log-prob
+        # (|logp| < 16 here: ulp 1.9e-6), 0.0 or 8.3e-08 by the summation order of the machine
+        assert mb["kl/mean"] == pytest.approx(ma["kl/mean"], rel=1e-4, abs=KL_ROUNDING)
     # Adam's first steps are ~lr * sign(g): where g is float noise (summed in another order
     # over two micro-batches) its sign can flip, so a few weights may differ by up to 2 steps
     # x 2 lr (one of 512 did when the decoding loop changed the recorded log-probs' rounding);
