@@ -34,11 +34,14 @@ COMMANDS: dict[str, str] = {
     "convert": "convert",
     "fuse": "fuse",
     "export-peft": "export_peft",
+    "export-gguf": "export_gguf",
     "validate": "validate",
     "sft": "sft",
     "migrate-config": "migrate_config",
     "data": "data",
     "doctor": "doctor",
+    "serve-reward": "serve_reward",
+    "check-rewards": "check_rewards",
 }
 
 # command name -> the guide in the repository's docs/ that covers it (its --help names it)
@@ -52,11 +55,14 @@ GUIDES: dict[str, str] = {
     "convert": "docs/models.md",
     "fuse": "docs/models.md",
     "export-peft": "docs/models.md",
+    "export-gguf": "docs/models.md",
     "validate": "docs/models.md",
     "sft": "docs/models.md",
     "migrate-config": "docs/training.md",
     "data": "docs/data.md",
     "doctor": "docs/memory.md",
+    "serve-reward": "docs/rewards.md",
+    "check-rewards": "docs/rewards.md",
 }
 
 # commands that never compute with MLX: no OpenBLAS re-execution for them

@@ -36,3 +36,8 @@ class DiskFullError(RlaifError):
 
 class DistributedError(RlaifError):
     """Data-parallel ranks lost each other (a rank stopped, the network failed) or disagree."""
+
+
+class RewardError(RlaifError):
+    """A reward component (a user's function, a reward server) failed in a way that stops the
+    step before its update: the message names the component, the task and what happened."""

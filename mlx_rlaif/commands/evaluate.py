@@ -6,7 +6,7 @@ import argparse
 import sys
 from dataclasses import replace
 
-from ..config import load, smoke_steps
+from ..config import check, load, smoke_steps, with_functions
 from ..config.loading import SMOKE_ENV, SMOKE_EVAL_TASKS
 from ..errors import UsageError
 
@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "feedback): the single-turn pass@k to set beside --turns K")
     p.add_argument("--config", help="YAML config for generation/reward settings")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--reward", action="append", default=[], metavar="FILE.py:fn[@weight]",
+                   help="add your reward function to the reward (repeatable; docs/rewards.md): "
+                   "its values join the mean reward and eval_results.jsonl")
 
 
 def _names(text: str) -> list[str]:
@@ -61,11 +64,14 @@ def run(args: argparse.Namespace) -> int:
     from ..backends.ops import mlx_ops
     from ..data import load_tasks
     from ..rewards.build import build_reward
+    from ..rewards.custom.contract import record_fields
     from ..train.evaluate import evaluate_tasks
 
     if args.n < 1 or args.turns < 1:
         raise UsageError("-n and --turns must be at least 1")
     cfg = load(args.config, list(args.set))
+    if args.reward or cfg.reward.functions or cfg.reward.components:
+        cfg = check(with_functions(cfg, args.reward))  # the components, complete and named
     if args.max_new_tokens:
         cfg = replace(cfg, generation=replace(cfg.generation, max_new_tokens=args.max_new_tokens))
     if cfg.reward.type == "teacher":
@@ -76,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{SMOKE_ENV}: at most {max_tasks} tasks", file=sys.stderr)
     tasks = load_tasks(suite_spec(args.suite), languages=args.languages, max_tasks=max_tasks,
                        difficulties=args.difficulties)
-    reward_fn = build_reward(cfg, languages={t.language for t in tasks})
+    reward_fn = build_reward(cfg, languages={t.language for t in tasks},
+                             fields=record_fields(tasks))
     policy = load_policy(args.model, cfg.lora, args.adapter, args.seed)
     temp = args.temperature if args.temperature is not None else (0.7 if args.n > 1 else 0.2)
     ks = sorted({1, args.n} | {k for k in (5, 8, 10, 100) if k <= args.n})

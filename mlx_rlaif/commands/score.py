@@ -33,8 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Task records with a `completion` field, one JSON object per line.")
     p.add_argument("--out", default=None, metavar="OUT.jsonl",
                    help="Where to write the scored lines (default: standard output).")
-    p.add_argument("--reward", choices=("exec", "syntax", "teacher", "mix"), default=None,
-                   help="Scorer (default: the config's reward.type, or teacher with --teacher).")
+    p.add_argument("--reward", action="append", default=[],
+                   metavar="{exec,syntax,teacher,mix} | FILE.py:fn[@weight]",
+                   help="Scorer (default: the config's reward.type, or teacher with --teacher); "
+                   "FILE.py:fn[@weight] adds your function to it (repeatable; docs/rewards.md).")
     p.add_argument("--teacher", choices=("anthropic", "openai"), default=None,
                    help="Teacher API that grades the completions (key from the environment).")
     p.add_argument("--base-url", default=None, help="Base URL of an OpenAI-compatible teacher.")
@@ -47,9 +49,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Override a config value, e.g. --set reward.exec.timeout_s=10 (repeatable).")
 
 
+TYPES = ("exec", "syntax", "teacher", "mix")
+
+
+def reward_flags(values: list[str]) -> tuple[str | None, list[str]]:
+    """(the reward.type a --reward names, the functions the others name)."""
+    types = [v for v in values if v in TYPES]
+    specs = [v for v in values if v not in TYPES]
+    if len(types) > 1:
+        raise UsageError(f"--reward {' and '.join(types)}: name one type (mix is exec + teacher)")
+    for spec in specs:
+        if ":" not in spec:
+            raise UsageError(f"--reward {spec}: use {', '.join(TYPES)}, or FILE.py:fn[@weight] "
+                             "for your function")
+    return (types[0] if types else None), specs
+
+
 def overrides(args: argparse.Namespace) -> list[str]:
     """The `--set` items the flags stand for, before the user's own `--set` items."""
-    reward = args.reward or ("teacher" if args.teacher else None)
+    reward = reward_flags(args.reward)[0] or ("teacher" if args.teacher else None)
     if args.teacher and reward not in ("teacher", "mix"):
         raise UsageError(f"--teacher needs --reward teacher or mix, not {reward}")
     sets = [f"reward.type={reward}"] if reward else []
@@ -113,12 +131,15 @@ def with_user_cache(cfg: Any, off: bool) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import check, load
+    from ..config import check, load, reward_components, with_functions
     from ..rewards.build import build_reward
+    from ..rewards.custom.contract import record_fields
 
-    cfg = with_user_cache(check(load(args.config, overrides(args))), args.no_cache)
+    cfg = with_functions(load(args.config, overrides(args)), reward_flags(args.reward)[1])
+    cfg = with_user_cache(check(cfg), args.no_cache)
     records, tasks, completions = read_scoring_input(args.file)
-    reward_fn = build_reward(cfg, None, languages={t.language for t in tasks})
+    reward_fn = build_reward(cfg, None, languages={t.language for t in tasks},
+                             fields=record_fields(tasks))
     try:
         rewards = reward_fn.score(tasks, completions)
     finally:
@@ -130,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.writelines(line + "\n" for line in lines)
     scored = [w.value for w in rewards if w.value is not None]
     mean = f"{sum(scored) / len(scored):.4f}" if scored else "n/a"
-    print(f"scored {len(scored)}/{len(rewards)} completions with {cfg.reward.type}: mean reward "
+    how = " + ".join(c.name for c in reward_components(cfg.reward)) \
+        if cfg.reward.components or cfg.reward.functions else cfg.reward.type
+    print(f"scored {len(scored)}/{len(rewards)} completions with {how}: mean reward "
           f"{mean}, {len(rewards) - len(scored)} unscorable"
           + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
     return 0

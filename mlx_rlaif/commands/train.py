@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..artifacts import checkpoint
 from ..assets import QUICKSTART
-from ..config import Config, from_dict, load, to_dict
+from ..config import Config, from_dict, load, to_dict, with_functions
 from ..errors import DiskFullError, UsageError
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config key, e.g. --set rl.kl_penalty=0.05 (repeatable)")
     p.add_argument("--no-dashboard", action="store_true", help="plain log lines, no live view")
+    p.add_argument("--reward", action="append", default=[], metavar="FILE.py:fn[@weight]",
+                   help="add your reward function to the reward (reward.functions; weight 1 "
+                   "unless given; repeatable): docs/rewards.md")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -72,7 +75,7 @@ def _output_dir(args: argparse.Namespace) -> str:
 
 def resolve(args: argparse.Namespace) -> tuple[Config, Path | None]:
     """The config and, with --resume, the checkpoint to continue."""
-    cfg = load(config_path(args), overrides(args))
+    cfg = with_functions(load(config_path(args), overrides(args)), args.reward)
     resume_from = None
     if args.resume is not None:
         run_dir = Path(args.resume or cfg.training.output_dir)
@@ -103,7 +106,7 @@ def resolve_on_rank0(world: World, args: argparse.Namespace) -> tuple[Config, Pa
 def check(args: argparse.Namespace) -> None:
     """The config as `run` loads it, before anything heavy is imported: a config error is
     answered at once (cli.py calls this first)."""
-    load(config_path(args), overrides(args))
+    with_functions(load(config_path(args), overrides(args)), args.reward)
 
 
 def run(args: argparse.Namespace) -> int:

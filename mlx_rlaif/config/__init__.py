@@ -25,6 +25,7 @@ from .schema import (
     LoggingConfig,
     LoraConfig,
     ModelConfig,
+    RewardComponent,
     RewardConfig,
     RLConfig,
     TeacherConfig,
@@ -33,11 +34,13 @@ from .schema import (
     micro_batch_size,
     opt,
     prompts_per_step,
+    reward_components,
+    with_functions,
 )
 
 __all__ = [
     "Config", "DataConfig", "DistributedConfig", "ExecConfig", "GenerationConfig", "LoggingConfig", "LoraConfig",
-    "ModelConfig", "RLConfig", "RewardConfig", "TeacherConfig", "TrainingConfig", "apply_override",
+    "ModelConfig", "RLConfig", "RewardComponent", "RewardConfig", "TeacherConfig", "TrainingConfig", "apply_override",
     "batch_sequences", "build_section", "check", "documented_yaml", "dump", "from_dict", "load",
-    "micro_batch_size", "opt", "prompts_per_step", "read_raw", "smoke_caps", "smoke_eval_tasks", "smoke_steps", "to_dict",
+    "micro_batch_size", "opt", "prompts_per_step", "read_raw", "reward_components", "smoke_caps", "smoke_eval_tasks", "smoke_steps", "to_dict", "with_functions",
 ]

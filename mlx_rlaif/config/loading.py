@@ -33,7 +33,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from ..errors import ConfigError
-from .schema import Config
+from .schema import Config, reward_components
 from .seed import translate
 
 
@@ -224,6 +224,8 @@ def _coerce(value: Any, tp: Any, dotted: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{dotted} must be a list, got {value!r}: write [a, b]")
         return tuple(_coerce(v, typing.get_args(tp)[0], dotted) for v in value)
+    if dataclasses.is_dataclass(tp):  # a list of sections (reward.components)
+        return build_section(tp, value, dotted + ".")
     if tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{dotted} must be a mapping, got {value!r}")
@@ -302,12 +304,14 @@ def _wrap(text: str, width: int) -> list[str]:
 def check(cfg: Config) -> Config:
     """Cross-field checks that single-field checks cannot express."""
     r = cfg.reward
+    check_components(cfg)
     if r.type == "mix" and r.exec_weight + r.teacher_weight <= 0:
         raise ConfigError("reward.exec_weight + reward.teacher_weight must be > 0 with type mix")
-    if r.type in ("teacher", "mix") and r.teacher.provider == "none":
+    kinds = {c.kind for c in reward_components(r)}
+    if r.type in ("teacher", "mix") and r.teacher.provider == "none" and not r.components:
         raise ConfigError(f"reward.type = {r.type} needs a teacher: set reward.teacher.provider "
                           "to anthropic or openai")
-    if r.teacher.mode == "rank" and r.type not in ("teacher", "mix"):
+    if r.teacher.mode == "rank" and "teacher" not in kinds:
         raise ConfigError("reward.teacher.mode = rank needs reward.type teacher or mix")
     if cfg.generation.num_samples_per_prompt < 2 and cfg.model.backend == "torch":
         raise ConfigError("generation.num_samples_per_prompt = 1 needs a critic (rl.advantage "
@@ -349,7 +353,7 @@ def check(cfg: Config) -> Config:
         raise ConfigError("rl.reference initial is the adapters the run starts from, and "
                           "lora.init_adapter is empty: set lora.init_adapter (e.g. an `mlx-rlaif "
                           "sft` run directory), or rl.reference to base")
-    if cfg.generation.max_turns > 1 and cfg.reward.type not in ("exec", "mix"):
+    if cfg.generation.max_turns > 1 and "exec" not in kinds:
         raise ConfigError("generation.max_turns > 1 feeds the exec reward's failure report back: "
                           "set reward.type to exec or mix")
     if cfg.generation.max_turns > 1 and cfg.rl.guidance:
@@ -375,6 +379,42 @@ def check(cfg: Config) -> Config:
                           "data.eval_every")
     check_length(cfg.training)
     return cfg
+
+
+def check_components(cfg: Config) -> None:
+    """The reward's components (reward.components, reward.functions): each complete, names
+    unique, some weight trained on; reward.components replaces reward.type's list."""
+    r = cfg.reward
+    if r.components and (r.type != "exec" or r.exec_weight != 0.5 or r.teacher_weight != 0.5):
+        raise ConfigError(f"reward.components and reward.type = {r.type} (or exec_weight/"
+                          "teacher_weight) both set: list every component, exec and teacher "
+                          "included, in reward.components, and leave reward.type at exec")
+    comps = reward_components(r)
+    for i, c in enumerate(comps):
+        first_fn = len(comps) - len(r.functions)
+        where = f"reward.functions {r.functions[i - first_fn]!r}" if i >= first_fn else \
+            f"reward.components[{i}] ({c.name})"
+        if not (math.isfinite(c.weight) and c.weight >= 0):
+            raise ConfigError(f"{where}: weight {c.weight} is not a number >= 0: write "
+                              "FILE.py:fn@0.3 (or weight: 0.3)")
+        if (c.kind == "function") != bool(c.fn) or (c.kind == "server") != bool(c.url):
+            raise ConfigError(f"{where}: kind {c.kind} takes " + (
+                "fn: path/to/file.py:function or package.module:function" if c.kind == "function"
+                else "url: http://host:port/" if c.kind == "server" else "neither fn nor url"))
+        if c.kind == "function" and ":" not in c.fn:
+            raise ConfigError(f"{where}: {c.fn!r} names no function: write FILE.py:function or "
+                              "package.module:function")
+        if c.group and c.kind != "function":
+            raise ConfigError(f"{where}: group applies to kind function only")
+        if c.kind == "teacher" and r.teacher.provider == "none":
+            raise ConfigError(f"{where}: a teacher component needs reward.teacher.provider "
+                              "(anthropic or openai)")
+    names = [c.name for c in comps]
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise ConfigError(f"reward components named {dup[0]!r} twice: give each its own name "
+                          "(name: ...) to keep their metrics apart")
+    if (r.components or r.functions) and sum(c.weight for c in comps) <= 0:
+        raise ConfigError("every reward component has weight 0: give at least one a weight > 0")
 
 
 def check_objective(rl: Any) -> None:

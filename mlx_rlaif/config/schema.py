@@ -6,7 +6,7 @@ Not covered: loading (loading.py), the seed trainer's layout (seed.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 
@@ -420,6 +420,31 @@ class TeacherConfig:
 
 
 @dataclass(frozen=True)
+class RewardComponent:
+    kind: Literal["exec", "teacher", "syntax", "function", "server"] = opt(
+        "function", "exec, teacher and syntax: the built-in rewards (their settings: reward.exec, "
+        "reward.teacher); function: a Python function of yours (fn); server: an HTTP reward "
+        "server (url). docs/rewards.md: the contract.")
+    fn: str = opt("", "kind function: path/to/file.py:function or package.module:function.")
+    url: str = opt("", "kind server: the URL the batch is POSTed to (http://host:port/).")
+    protocol: Literal["mlx-rlaif", "openrlhf"] = opt(
+        "mlx-rlaif", "kind server: the JSON of the request and the answer: ours ({items} -> "
+        "{rewards}) or OpenRLHF's ({query, prompts, labels} -> {rewards}).")
+    name: str = opt("", "Its metric key, reward/<name>/... (default: the kind, or the "
+                    "function's name).")
+    weight: float = opt(1.0, "Its weight in the sum (0: computed and logged, not trained on).",
+                        _nonneg)
+    kwargs: dict = opt({}, "Keyword arguments passed to the function (or in the server "
+                       "request) as they are.")
+    timeout_s: float = opt(30.0, "kind function: the most seconds one call may take (a "
+                           "completion's, or a batch's or group's for a function of lists): "
+                           "past it the worker process is killed; kind server: per request.",
+                           _pos)
+    group: bool = opt(False, "kind function taking lists (completions, prompts, ...): called once "
+                      "per prompt with its G completions, instead of once with the whole batch.")
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     type: Literal["exec", "syntax", "teacher", "mix"] = opt(
         "exec", "exec: run tests in a sandbox; syntax: Python parses; teacher: rubric judge; "
@@ -429,8 +454,70 @@ class RewardConfig:
     agreement_window: int = opt(10, "With type mix: steps over which the judge is compared with "
                                 "the exec reward (teacher/exec_corr, teacher/best_disagree, "
                                 "teacher/fail_over_pass).", _pos)
+    components: tuple[RewardComponent, ...] = opt(
+        (), "The reward as a list of components, each {kind, fn|url, name, weight, kwargs, "
+        "timeout_s, group} (empty: reward.type's equivalent). docs/rewards.md.")
+    functions: tuple[str, ...] = opt(
+        (), "Your functions added to the reward, each FILE.py:fn[@weight] or pkg.mod:fn[@weight] "
+        "(weight 1 unless given): what --reward FILE.py:fn@0.3 sets.")
+    aggregation: Literal["sum", "normalize"] = opt(
+        "sum", "With components or functions: the weighted sum of the components that are not "
+        "None, or normalize: each component first standardized within its group (z-score over "
+        "the prompt's completions), then summed.")
+    on_error: Literal["stop", "unscorable"] = opt(
+        "stop", "A function or server that raises, times out or returns something else than a "
+        "number, None or a dict of numbers: stop the step (before the update and any "
+        "checkpoint), or count it and leave that completion unscorable for that component.")
+    max_error_frac: float = opt(0.1, "on_error unscorable: stop once more than this fraction of "
+                                "a batch's completions errs for one component.", _unit)
+    workers: int = opt(2, "Worker processes per function component (killed and restarted when "
+                       "one hangs past its timeout).", _pos)
+    concurrency: int = opt(8, "async def functions: calls in flight at once per worker.", _pos)
     exec: ExecConfig = field(default_factory=ExecConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
+
+
+def reward_components(r: RewardConfig) -> list[RewardComponent]:
+    """The reward as its list of components: reward.components (or reward.type's equivalent:
+    exec, syntax, teacher, or mix as exec and teacher at exec_weight and teacher_weight), then
+    reward.functions, each with its name filled in (the kind, the function's name)."""
+    if r.components:
+        out = list(r.components)
+    elif r.type == "mix":
+        out = [RewardComponent(kind="exec", weight=r.exec_weight),
+               RewardComponent(kind="teacher", weight=r.teacher_weight)]
+    else:
+        out = [RewardComponent(kind=r.type)]
+    out += [function_component(spec) for spec in r.functions]
+    return [c if c.name else replace(c, name=default_name(c)) for c in out]
+
+
+def with_functions(cfg: Config, specs: list[str] | tuple[str, ...] | None) -> Config:
+    """The config with `specs` (`--reward FILE.py:fn@w`, repeatable) added to
+    reward.functions."""
+    if not specs:
+        return cfg
+    r = cfg.reward
+    return replace(cfg, reward=replace(r, functions=(*r.functions, *specs)))
+
+
+def function_component(spec: str) -> RewardComponent:
+    """`FILE.py:fn@0.3` (or `pkg.mod:fn`, weight 1 without `@`) as a function component; the
+    weight is checked with the rest (config/loading.py check)."""
+    target, at, weight = spec.rpartition("@")
+    if not at or "/" in weight or ":" in weight:
+        return RewardComponent(kind="function", fn=spec)
+    try:
+        w = float(weight)
+    except ValueError:
+        w = float("nan")
+    return RewardComponent(kind="function", fn=target, weight=w)
+
+
+def default_name(c: RewardComponent) -> str:
+    if c.kind == "function":
+        return c.fn.rpartition(":")[2] or "function"
+    return c.kind
 
 
 @dataclass(frozen=True)

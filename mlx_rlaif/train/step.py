@@ -79,6 +79,8 @@ def score(run: Run, rollouts: list[Rollout]) -> list[Reward]:
     """The rewards of the rollouts' (last) answers: on the task, or with several turns on its
     hidden tests, shaped by the number of turns taken (multiturn.shape)."""
     fault("score")
+    if hasattr(run.reward_fn, "step"):  # components: a user's function may take the step
+        run.reward_fn.step = run.state.step
     gen, rl = run.cfg.generation, run.cfg.rl
     texts, G = [r.text for r in rollouts], gen.num_samples_per_prompt
     if gen.max_turns == 1:
@@ -268,7 +270,8 @@ def sample_scored(run: Run, tasks: list[Task], seeded: bool = True
     answers), each task's group is scored in a background thread as soon as its last completion
     ends, while the other rows still decode; a reward scores each completion on its own, so the
     rewards are the ones scoring after would give."""
-    if not (run.cfg.generation.score_while_decoding and run.cfg.generation.max_turns == 1):
+    if not (run.cfg.generation.score_while_decoding and run.cfg.generation.max_turns == 1) \
+            or getattr(run.reward_fn, "whole_step", False):  # your functions: once per batch
         rollouts, gen = sample_chunks(run, tasks, seeded)
         return rollouts, score(run, rollouts), gen
     pending: list[tuple[list[Rollout], Future[list[Reward]]]] = []

@@ -41,6 +41,7 @@ from ..data.overlap import decontaminate
 from ..errors import CheckpointError, ConfigError, DataError
 from ..records import Task
 from ..rewards.build import build_reward
+from ..rewards.custom.contract import record_fields
 from ..rewards.exec.tasks import check_formats
 from .carry import restore_carry
 from .distributed import World
@@ -61,7 +62,7 @@ EVAL_FILE = "eval.json"  # held-out evaluations of the run: {"before": {...}, "a
 def prepare(cfg: Config, run_dir: Path, resume_from: Path | None, world: World | None = None):
     """All checks that can fail on user input, before anything is written. With several
     ranks, the run directory is rank 0's, and each rank builds its own reward (`rank_config`)."""
-    from ..config import check, smoke_eval_tasks
+    from ..config import check, reward_components, smoke_eval_tasks
 
     world = world or World()
     check(cfg)
@@ -76,11 +77,11 @@ def prepare(cfg: Config, run_dir: Path, resume_from: Path | None, world: World |
     if world.rank == 0 and resume_from is not None and (why := problem(resume_from)):
         raise CheckpointError(f"{resume_from} is damaged ({why}): resume from an earlier "
                               "checkpoint (--resume picks the newest whole one)")
-    if cfg.reward.type == "exec":
+    if "exec" in {c.kind for c in reward_components(cfg.reward)}:
         check_formats(tasks + eval_tasks)
     langs = {t.language for t in tasks + eval_tasks}
     reward_fn = build_reward(world.rank_config(cfg), None if world.rank else run_dir,
-                             languages=langs)
+                             languages=langs, fields=record_fields(tasks + eval_tasks))
     return tasks, eval_tasks, reward_fn
 
 

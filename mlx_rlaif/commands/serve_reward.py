@@ -1,0 +1,65 @@
+"""`mlx-rlaif serve-reward FILE.py:fn`: serve a reward function over HTTP with the protocol of
+the `server` reward component (and OpenRLHF's), so a reward model can run on another machine.
+
+The function is loaded and its signature checked before the server starts (one line, exit 2,
+when it cannot be). It binds 127.0.0.1 unless `--host` says otherwise, prints the URL it
+serves on (with `--port 0`, the port the system picked), and runs until Ctrl-C.
+
+Not covered: authentication, TLS (put it behind your own proxy for another network).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import UsageError
+
+HELP = "Serve a reward function (FILE.py:fn or pkg.mod:fn) over HTTP for a server component."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("function", metavar="FILE.py:fn", help="the reward function to serve")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8400, help="port (0: any free one; default 8400)")
+    p.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for the function, the value read as YAML (repeatable)")
+    p.add_argument("--concurrency", type=int, default=8,
+                   help="async def functions: calls in flight at once (default 8)")
+
+
+def kwargs_of(items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--kwarg {item!r}: write KEY=VALUE, e.g. --kwarg model=builtin:tiny-coder")
+        out[key] = yaml.safe_load(value) if value else ""
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..rewards.custom.server import make_server
+    from ..rewards.custom.spec import absolute, load_function
+
+    kwargs = kwargs_of(args.kwarg)
+    fn = load_function(absolute(args.function), kwargs, None)
+    try:
+        server = make_server(fn, args.host, args.port, kwargs, args.concurrency)
+    except OSError as e:
+        raise UsageError(f"cannot serve on {args.host}:{args.port} ({e.strerror or e}): pick "
+                         "another --port") from None
+    host, port = server.server_address[:2]
+    print(f"serving {args.function} on http://{host}:{port}/ (POST JSON, docs/rewards.md); "
+          "Ctrl-C stops", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    print("stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,141 @@
+"""What a reward function receives and what it may return (docs/rewards.md: the contract).
+
+Per completion a function may take, by name: `prompt`, `completion`, `code` (the code
+extracted from the completion), `task` (the Task), `record` (every field of the task's JSONL
+record), `task_id`, `language`, `exec_result` (when the exec reward is a component: `passed`,
+`total`, `value`, `reason` and `tests`, each test's name, passed and reason; else None), `step`,
+any field of the record by its own name, and the component's `kwargs`. A function taking the
+plural names (`completions`, `prompts`, `codes`, `tasks`, `records`, `task_ids`, `languages`,
+`exec_results`) gets lists: the batch, or one prompt's group.
+
+It returns a number, None (not applicable: left out of the sum) or a dict of named numbers
+(each logged; the value is its `score` key, else the sum of its numbers); a function of lists
+returns a list of those, one per completion. Anything else (NaN, inf, a string, a list of the
+wrong length) is an error naming the function, the task and what came back (`check_value`).
+
+Not covered: the completion's tokens (text only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...records import Reward, Task, extract_code
+from .spec import PLURAL, SINGULAR, Loaded
+
+
+class ValueProblem(ValueError):
+    """A value a function returned that the contract does not allow (the message says what)."""
+
+
+def record_of(task: Task) -> dict[str, Any]:
+    """Every field of the task's record, as it was read (meta holds the fields we do not use)."""
+    rec = {"id": task.id, "prompt": task.prompt, "language": task.language}
+    for key in ("entry_point", "test", "difficulty"):
+        if getattr(task, key) is not None:
+            rec[key] = getattr(task, key)
+    if task.tests:
+        rec["tests"] = [dict(t) for t in task.tests]
+    if task.preamble:
+        rec["preamble"] = task.preamble
+    return {**rec, **dict(task.meta)}
+
+
+def record_fields(tasks: Sequence[Task]) -> set[str]:
+    """Every field name of the tasks' records (what a function's parameters may name)."""
+    return {k for t in tasks for k in record_of(t)}
+
+
+def exec_summary(reward: Reward | None) -> dict[str, Any] | None:
+    """The exec reward's result of one completion as a function sees it (None without one)."""
+    if reward is None:
+        return None
+    d = reward.details
+    tests = [{"name": t.get("name", ""), "passed": bool(t.get("passed")),
+              "reason": t.get("reason", "")} for t in d.get("tests", [])]
+    return {"value": reward.value, "passed": d.get("passed"), "total": d.get("total"),
+            "reason": reward.reason, "tests": tests}
+
+
+def units(tasks: Sequence[Task], completions: Sequence[str],
+          exec_results: Sequence[dict | None]) -> list[dict[str, Any]]:
+    """One argument set per completion (the singular names)."""
+    return [{"prompt": t.prompt, "completion": c, "code": extract_code(c, t.language), "task": t,
+             "record": record_of(t), "task_id": t.id, "language": t.language, "exec_result": e}
+            for t, c, e in zip(tasks, completions, exec_results, strict=True)]
+
+
+def as_lists(items: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Per-completion argument sets as one set of lists (the plural names)."""
+    return {f"{name}s": [it[name] for it in items] for name in SINGULAR}
+
+
+def arguments(fn: Loaded, unit: Mapping[str, Any], kwargs: Mapping[str, Any], step: int
+              ) -> dict[str, Any]:
+    """The keyword arguments of one call: the names its signature asks for (all of them with
+    `**kwargs`); a record field it names that the record lacks and that has no default raises
+    ValueProblem."""
+    given = {**unit, "step": step, **kwargs}
+    record = {} if fn.batched else unit.get("record", {})
+    if fn.var_kw:
+        return {**({k: v for k, v in record.items() if k not in given}), **given}
+    out = {}
+    for name in fn.params:
+        if name in given:
+            out[name] = given[name]
+        elif name in record:
+            out[name] = record[name]
+        elif name not in fn.optional:
+            raise ValueProblem(f"the task's record has no field {name!r} (a parameter of the "
+                               "function without a default)")
+    return out
+
+
+def check_value(x: Any) -> tuple[float | None, dict[str, float | None]]:
+    """(value, named parts) of what a function returned for one completion."""
+    if x is None:
+        return None, {}
+    if isinstance(x, Mapping):
+        parts: dict[str, float | None] = {}
+        for k, v in x.items():
+            if not isinstance(k, str):
+                raise ValueProblem(f"a dict with key {k!r}: keys are names (strings)")
+            parts[k] = None if v is None else _number(v, f"[{k!r}]")
+        if "score" in parts:
+            return parts["score"], {k: v for k, v in parts.items() if k != "score"}
+        nums = [v for v in parts.values() if v is not None]
+        return (sum(nums) if nums else None), parts
+    return _number(x, ""), {}
+
+
+def _number(x: Any, where: str) -> float:
+    if isinstance(x, (int, float)) and not isinstance(x, complex):
+        v = float(x)
+        if math.isfinite(v):
+            return v
+    elif type(x).__name__ in ("float32", "float64", "int64", "int32") and hasattr(x, "item"):
+        return _number(x.item(), where)
+    raise ValueProblem(f"returned{where} {shown(x)}: return a finite number, None or a dict "
+                       "of numbers")
+
+
+def shown(x: Any) -> str:
+    """A returned value as an error line shows it (short)."""
+    text = repr(x)
+    return f"{type(x).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def check_list(x: Any, n: int) -> list[Any]:
+    """What a function of lists returned: a list (or tuple) of n values."""
+    if not isinstance(x, (list, tuple)):
+        raise ValueProblem(f"returned {shown(x)}: a function of lists returns a list, one value "
+                           f"per completion ({n})")
+    if len(x) != n:
+        raise ValueProblem(f"returned {len(x)} values for {n} completions")
+    return list(x)
+
+
+__all__ = ["PLURAL", "ValueProblem", "arguments", "as_lists", "check_list", "check_value",
+           "exec_summary", "record_fields", "record_of", "shown", "units"]

@@ -1,0 +1,163 @@
+"""Worker processes for a reward function: killed and restarted when a call hangs.
+
+`WorkerPool(spec, ...)` starts `workers` processes (fresh interpreters, `python -m
+mlx_rlaif.rewards.custom.worker`, talking over a socket pair: nothing of the trainer's state, no
+MLX, is inherited, and no `__main__` is imported again) that each load the function; `run(units, step)` spreads the argument sets
+over them and returns one outcome per set: ("ok", value), ("error", the exception's last line)
+or ("timeout", None). A worker silent for longer than the timeout past its last answer is
+killed (SIGKILL: a thread or an asyncio timeout cannot stop a function stuck in C code or a
+sleep) and a fresh one takes the rest of its sets: with a sync function the set it hung on is
+the timeout, with an `async def` one every set still in flight. A worker that dies (a crash, an
+`os._exit`) is an error on its set and is restarted the same way.
+
+Not covered: a function that forks processes of its own and leaves them running (their parent
+is killed; they are not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from ...errors import RewardError
+
+Outcome = tuple[str, Any]  # ("ok", value) | ("error", line) | ("timeout", None)
+START_S = 120.0  # a worker's start (Python, the user's imports) on a loaded machine
+ASYNC_GRACE_S = 1.0  # an async function's own wait_for answers first
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Any
+    ready: bool = False
+    call: int = 0
+    sent: list[int] = field(default_factory=list)  # global index of each set of the call
+    pending: list[int] = field(default_factory=list)
+    deadline: float = 0.0
+
+
+class WorkerPool:
+    def __init__(self, spec: str, kwargs: Mapping[str, Any], group: bool, workers: int,
+                 concurrency: int, timeout_s: float, is_async: bool = False) -> None:
+        self.spec, self.timeout_s, self.is_async = spec, timeout_s, is_async
+        self._args = (spec, dict(kwargs), group, concurrency, timeout_s)
+        self._workers = [self._start() for _ in range(workers)]
+        self._calls = 0
+        self.restarts = 0
+
+    def _start(self) -> _Worker:
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            p = subprocess.Popen([sys.executable, "-m", "mlx_rlaif.rewards.custom.worker",
+                                  str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                                 stdin=subprocess.DEVNULL)
+            conn = Connection(os.dup(ours.fileno()))
+        conn.send(self._args)
+        return _Worker(p, conn)
+
+    def _ready(self, w: _Worker) -> None:
+        if w.ready:
+            return
+        if not w.conn.poll(START_S):
+            _kill(w)
+            raise RewardError(f"reward function {self.spec}: its worker process did not start "
+                              f"within {START_S:g} s")
+        try:
+            status, payload = w.conn.recv()
+        except (EOFError, OSError):
+            _kill(w)
+            raise RewardError(f"reward function {self.spec}: its worker process exited at start "
+                              f"(exit code {w.process.returncode})") from None
+        if status == "load_error":
+            raise RewardError(payload)
+        w.ready = True
+
+    def run(self, units: Sequence[Mapping[str, Any]], step: int) -> list[Outcome]:
+        """One outcome per argument set, in order."""
+        out: list[Outcome | None] = [None] * len(units)
+        n_workers = min(len(self._workers), len(units))
+        for i in range(n_workers):
+            self._send(i, list(range(i, len(units), n_workers)), units, step)
+        busy = set(range(n_workers))
+        while busy:
+            soonest = min(self._workers[i].deadline for i in busy)
+            conns = {self._workers[i].conn: i for i in busy}
+            for conn in wait(list(conns), timeout=max(0.0, soonest - time.monotonic())):
+                i = conns[conn]
+                if not self._receive(i, out):
+                    self._replace(i, "error", units, step, out)
+            for i in list(busy):
+                w = self._workers[i]
+                if w.pending and time.monotonic() > w.deadline:
+                    self._replace(i, "timeout", units, step, out)
+                if not self._workers[i].pending:
+                    busy.discard(i)
+        return out  # type: ignore[return-value]
+
+    def _send(self, i: int, indices: list[int], units: Sequence[Mapping[str, Any]],
+              step: int) -> None:
+        w = self._workers[i]
+        self._ready(w)
+        self._calls += 1
+        w.call, w.sent, w.pending = self._calls, indices, list(indices)
+        w.conn.send(("call", w.call, [units[j] for j in indices], step))
+        w.deadline = time.monotonic() + self._wait_s()
+
+    def _wait_s(self) -> float:
+        return self.timeout_s + (ASYNC_GRACE_S if self.is_async else 0.0)
+
+    def _receive(self, i: int, out: list[Outcome | None]) -> bool:
+        """Take one answer of worker i (False: it died)."""
+        w = self._workers[i]
+        try:
+            call, k, status, payload = w.conn.recv()
+        except (EOFError, OSError):
+            return False
+        if call == w.call:
+            j = w.sent[k]
+            out[j] = (status, payload)
+            w.pending.remove(j)
+            w.deadline = time.monotonic() + self._wait_s()
+        return True
+
+    def _replace(self, i: int, why: str, units: Sequence[Mapping[str, Any]], step: int,
+                 out: list[Outcome | None]) -> None:
+        """Kill worker i (hung past its timeout, or dead), mark the sets it was on, start a fresh
+        one on the rest."""
+        w = self._workers[i]
+        _kill(w)
+        lost = list(w.pending) if self.is_async else w.pending[:1]
+        code = w.process.returncode
+        for j in lost:
+            out[j] = ("timeout", None) if why == "timeout" else (
+                "error", f"its worker process exited (exit code {code})")
+        self.restarts += 1
+        self._workers[i] = self._start()
+        rest = [j for j in w.pending if j not in lost]
+        if rest:
+            self._send(i, rest, units, step)
+
+    def close(self) -> None:
+        for w in self._workers:
+            with contextlib.suppress(OSError, ValueError):
+                w.conn.send(("stop", None))
+        for w in self._workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.process.wait(2)
+            _kill(w)
+            w.conn.close()
+
+
+def _kill(w: _Worker) -> None:
+    if w.process.poll() is None:
+        w.process.kill()
+    w.process.wait()

@@ -1,0 +1,117 @@
+"""Calling a loaded function on argument sets (`call_units`: in a worker process, or in the
+server of `mlx-rlaif serve-reward`), and the worker process's loop (`main`).
+
+A worker loads the function itself (its spec, not a pickled object), says `ready` (or one line
+why not), then answers each `call` with one message per argument set as soon as it is done:
+(call id, index, "ok" | "error" | "timeout", value or the exception's last line with its file
+and line). Sync functions run one after another (the pool knows which one hangs: the first
+unanswered); `async def` functions run concurrently, at most `concurrency` at once, each under
+`asyncio.wait_for(timeout)` (the pool's kill covers one that blocks the loop). SIGINT is
+ignored: Ctrl-C is the trainer's to handle.
+
+Not covered: functions that need the trainer's state (they get plain arguments only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from .contract import ValueProblem, arguments, shown
+from .spec import Loaded, load_function
+
+Send = Callable[[int, str, Any], None]
+
+
+def last_line(e: BaseException) -> str:
+    """The traceback's last line, with the file and line where it was raised."""
+    line = traceback.format_exception_only(type(e), e)[-1].strip()
+    frames = traceback.extract_tb(e.__traceback__)
+    return line + (f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else "")
+
+
+def call_units(fn: Loaded, units: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any],
+               step: int, concurrency: int, timeout_s: float, send: Send) -> None:
+    """`send(index, status, payload)` for each argument set, in the order they finish."""
+    if fn.is_async:
+        asyncio.run(_gather(fn, units, kwargs, step, concurrency, timeout_s, send))
+        return
+    for k, unit in enumerate(units):
+        try:
+            value = fn.fn(**arguments(fn, unit, kwargs, step))
+        except ValueProblem as e:
+            send(k, "error", str(e))
+        except BaseException as e:  # noqa: BLE001 - the user's exception, reported by line
+            send(k, "error", last_line(e))
+        else:
+            send(k, "ok", value)
+
+
+async def _gather(fn: Loaded, units: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any],
+                  step: int, concurrency: int, timeout_s: float, send: Send) -> None:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(k: int, unit: Mapping[str, Any]) -> None:
+        async with gate:
+            try:
+                value = await asyncio.wait_for(fn.fn(**arguments(fn, unit, kwargs, step)),
+                                               timeout_s)
+            except asyncio.TimeoutError:
+                send(k, "timeout", None)
+            except ValueProblem as e:
+                send(k, "error", str(e))
+            except BaseException as e:  # noqa: BLE001
+                send(k, "error", last_line(e))
+            else:
+                send(k, "ok", value)
+
+    await asyncio.gather(*(one(k, u) for k, u in enumerate(units)))
+
+
+def sendable(value: Any) -> tuple[str, Any]:
+    """(status, payload) of a value for the pipe: values that do not pickle become an error."""
+    try:
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001
+        return "error", f"returned {shown(value)}, which is no number, None or dict of numbers"
+    return "ok", value
+
+
+def main(fd: int) -> None:
+    """A worker process on socket `fd`: read its arguments, load the function, then answer
+    calls until told to stop or the socket closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(fd)
+    spec, kwargs, group, concurrency, timeout_s = conn.recv()
+    try:
+        fn = load_function(spec, kwargs, None, group)
+    except Exception as e:  # noqa: BLE001 - a ConfigError's line, or anything the import raised
+        conn.send(("load_error", str(e)))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] != "call":
+            return
+        _, call_id, units, step = msg
+
+        def send(k: int, status: str, payload: Any, call_id: int = call_id) -> None:
+            if status == "ok":
+                status, payload = sendable(payload)
+            conn.send((call_id, k, status, payload))
+
+        call_units(fn, units, kwargs, step, concurrency, timeout_s, send)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
