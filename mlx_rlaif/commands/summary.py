@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     title = f"{args.run_dir} ({args.type}: {len(shown)} of {len(records)}" + \
         (f"; data parallel, {n} ranks)" if n > 1 else ")")
     console.print(summary.table(shown, args.type, title))
+    if args.type == "batch" and (parts := summary.component_table(shown)) is not None:
+        console.print(parts)  # reward.components: each component's own statistics
     if args.csv_out:
         summary.write_csv(records, args.csv_out)
         console.print(f"wrote {len(records)} rows to {args.csv_out}")

@@ -37,7 +37,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .health import HealthReport
-from .stats import finite
+from .stats import components, finite
 
 BARS = "▁▂▃▄▅▆▇█"
 HISTORY = 60
@@ -214,6 +214,8 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
                 f"{fmt(m.get('teacher/exec_pairs'), ',.0f')} pairs",
             )
         )
+    if names := components([m]):
+        rows.append(("Components", "  ".join(component_cell(m, n) for n in names)))
     if "turns/mean" in m:
         passes = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in m.items()
                         if k.startswith("turns/pass_at_"))
@@ -239,6 +241,17 @@ def eval_line(step: int, row: Mapping[str, Any]) -> str:
     mark = " [new best]" if row.get("new_best") else ""
     return (f"held-out eval at step {step}{size}: pass@1 {fmt(row.get('eval/pass@1'))}, mean "
             f"reward {fmt(row.get('eval/reward_mean'))}{mark}")
+
+
+def component_cell(m: Mapping[str, Any], name: str) -> str:
+    """`format 0.62±0.31` with the None fraction, errors and timeouts where there are any."""
+    key = f"reward/{name}/"
+    text = f"{name} {fmt(m.get(key + 'mean'), '.2f')}±{fmt(m.get(key + 'std'), '.2f')}"
+    for label, k, spec in (("none", "frac_none", ".0%"), ("err", "errors", ".0f"),
+                           ("timeouts", "timeouts", ".0f")):
+        if finite(m.get(key + k)):
+            text += f" {label} {fmt(m.get(key + k), spec)}"
+    return text
 
 
 def _time_split(m: Mapping[str, Any]) -> str:

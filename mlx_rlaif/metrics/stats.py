@@ -45,6 +45,20 @@ def finite(value: object) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+COMPONENT_STATS = ("mean", "std", "frac_none", "errors", "timeouts", "seconds")
+
+
+def components(records: Iterable[Mapping[str, object]]) -> list[str]:
+    """The reward components whose metrics the records hold (`reward/<name>/seconds`, written
+    for each component of reward.components), in first-seen order."""
+    names: dict[str, None] = {}
+    for r in records:
+        for k in r:
+            if k.startswith("reward/") and k.endswith("/seconds"):
+                names[k[len("reward/"):-len("/seconds")]] = None
+    return list(names)
+
+
 def mean(values: Iterable[float | None]) -> float | None:
     xs = [v for v in values if v is not None]
     return sum(xs) / len(xs) if xs else None

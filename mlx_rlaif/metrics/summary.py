@@ -21,7 +21,7 @@ from rich.table import Table
 
 from ..errors import UsageError
 from .jsonl import atomic_write, last_per_key, read_jsonl
-from .stats import finite
+from .stats import components, finite, mean
 
 FILES = {"batch": ("batches.jsonl", "step"), "epoch": ("epochs.jsonl", "epoch"),
          "eval": ("eval.jsonl", "step")}
@@ -112,6 +112,26 @@ def table(records: Sequence[Mapping], kind: str, title: str = "") -> Table:
         t.add_column(c.replace("/", "/\n"), justify="right", no_wrap=True)
     for r in records:
         t.add_row(*(cell(r.get(c)) for c in cols))
+    return t
+
+
+def component_table(records: Sequence[Mapping]) -> Table | None:
+    """Per reward component over the records (None without components): the mean of its
+    per-step mean and std, the mean None fraction, the errors and timeouts summed, and the
+    mean seconds per step."""
+    names = components(records)
+    if not names:
+        return None
+    t = Table(title="reward components", header_style="bold")
+    for c in ("component", "mean", "std", "frac None", "errors", "timeouts", "s/step"):
+        t.add_column(c, justify="left" if c == "component" else "right", no_wrap=True)
+    for name in names:
+        def col(stat: str, how: Any = mean, name: str = name) -> str:
+            vals = [finite(r.get(f"reward/{name}/{stat}")) for r in records]
+            vals = [v for v in vals if v is not None]
+            return cell(how(vals)) if vals else "-"
+        t.add_row(name, col("mean"), col("std"), col("frac_none"), col("errors", sum),
+                  col("timeouts", sum), col("seconds"))
     return t
 
 

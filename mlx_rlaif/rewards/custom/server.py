@@ -18,6 +18,7 @@ Not covered: authentication and TLS (serve on 127.0.0.1, or behind your own prox
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -27,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .contract import ValueProblem, as_lists, check_list
 from .pool import Outcome
 from .spec import Loaded
 from .worker import call_units
@@ -167,14 +169,17 @@ def make_server(fn: Loaded, host: str, port: int, kwargs: Mapping[str, Any] | No
                 if status == "ok":
                     results[k] = payload
                 else:
-                    errors.append(f"item {k} (task {units[k]['task_id']}): "
-                                  f"{payload or 'timed out'}")
+                    where = "" if fn.batched else f"item {k} (task {units[k]['task_id']}): "
+                    errors.append(f"{where}{payload or 'timed out'}")
 
-            if lock is not None:
-                with lock:
-                    call_units(fn, units, {**base, **extra}, step, concurrency, timeout_s, send)
-            else:
-                call_units(fn, units, {**base, **extra}, step, concurrency, timeout_s, send)
+            calls = [as_lists(units)] if fn.batched else units  # a function of lists: one call
+            with lock or contextlib.nullcontext():
+                call_units(fn, calls, {**base, **extra}, step, concurrency, timeout_s, send)
+            if fn.batched and not errors:
+                try:
+                    results = check_list(results[0], len(units))
+                except ValueProblem as e:
+                    errors.append(str(e))
             if errors:
                 return self._answer(422, {"error": f"{fn.spec}: {errors[0]}"})
             answer = {"rewards": results}
