@@ -20,7 +20,7 @@ import pytest
 
 from mlx_rlaif.config import check, load, reward_components
 from mlx_rlaif.errors import ConfigError, RewardError
-from mlx_rlaif.records import Reward, Task
+from mlx_rlaif.records import Task
 from mlx_rlaif.rewards.base import SyntaxReward
 from mlx_rlaif.rewards.custom.components import ComponentsReward, Custom
 from mlx_rlaif.rewards.custom.contract import ValueProblem, check_value, units
