@@ -16,8 +16,10 @@ Modes (`auto` picks the first that works and says which, and why, once):
   no view of the host's processes; a new root with /usr, the toolchains and a few /etc files bound
   read-only, a private size-limited /tmp, the box bound read-write at /box, nosuid everywhere.
   Killing bwrap (`--die-with-parent`) ends the pid namespace, double-forked daemons included.
-- `seatbelt` (macOS `sandbox-exec`): no network, writes only in the box, no signals to processes
-  outside the sandbox. Written from Apple's profile language; not exercised by our CI.
+- `seatbelt` (macOS `sandbox-exec`): a default-deny profile (seatbelt.py): no network, no
+  Mach services but one, reads only of the system, the interpreter, the toolchains and the box,
+  writes only in the box, no signals to or inspection of processes outside the sandbox. Our CI
+  holds its text and rules; `mlx-rlaif doctor` on a Mac runs the hostile self-test against it.
 - `process`: limits and a supervisor only. On Linux the supervisor is a child subreaper, so
   orphans (double fork + setsid) are still its children and are killed and reaped at the end.
 When mlx-rlaif runs as root, each parallel slot runs its code as its own unprivileged uid
@@ -58,6 +60,7 @@ from pathlib import Path
 from typing import IO
 
 from ..errors import ConfigError, RlaifError
+from . import seatbelt
 from .modes import (
     BOX,
     UidPool,
@@ -68,7 +71,6 @@ from .modes import (
     prefix_of,
     python_ok,
     remove_owned,
-    seatbelt_profile,
     world_reachable,
 )
 from .watchdog import WATCHDOG
@@ -169,6 +171,10 @@ class Sandbox:
             raise ConfigError(f"reward.exec.python = {python} is not a Python >= 3.10 that runs: "
                               "set it to a working interpreter, or leave it empty")
         self._ro = tuple(dict.fromkeys([prefix_of(self.python), *map(os.path.realpath, ro_paths)]))
+        if self.mode == "seatbelt":  # seatbelt.py: the profile's directories, as parameters
+            self._exec_dirs = [*seatbelt.interpreter_dirs(self._ro[0], self.python),
+                               *self._ro[1:]]
+            self._profile = seatbelt.profile(len(self._exec_dirs))
         self._uids = UidPool(uid_base, slots) if self.root else None
         self._sweep: set[int] = set()  # uids whose run was killed without its own cleanup
         self._slots = threading.BoundedSemaphore(max(1, slots))
@@ -238,11 +244,13 @@ class Sandbox:
                 "supervise": self.mode != "bwrap",
                 "netns": self.mode == "process" and self.root and sys.platform.startswith("linux"),
                 "no_new_privs": self.mode == "process" and sys.platform.startswith("linux")}
+        if self.mode == "seatbelt" and box.uid is None:  # the profile forbids `ps` inside
+            spec["processes_now"] = seatbelt.processes_of(os.getuid())
         cmd = [self.python, "-I", "-S", "-c", LAUNCHER, repr(spec)]
         if self.mode == "bwrap":  # bwrap writes the pid of the namespace's init to --info-fd
             cmd = [*bwrap_args(self._ro, str(box.host)), "--info-fd", str(info.fileno()), *cmd]
         elif self.mode == "seatbelt":
-            cmd = ["/usr/bin/sandbox-exec", "-p", seatbelt_profile(self._ro, box.host), *cmd]
+            cmd = seatbelt.command(self._profile, seatbelt.params(box.host, self._exec_dirs), cmd)
         try:
             proc = subprocess.Popen(
                 cmd, stdin=stdin if stdin is not None else subprocess.DEVNULL, stdout=out,

@@ -78,14 +78,15 @@ def _uid_of(pid):
     return None
 
 
-def _set_limits(limits, uid):
+def _set_limits(limits, uid, running=None):
     for name, value in limits.items():
         which = _LIMITS[name]
         if which is None:
             continue
         if name == "processes" and uid is None:
             # no uid of our own: the count includes every process of the user running us
-            value += _own_processes(os.getuid())
+            # (`running`: counted by the trusted side, where a profile forbids `ps` here)
+            value += running if running is not None else _own_processes(os.getuid())
         hard = value + 1 if name == "cpu_s" else value
         try:
             resource.setrlimit(which, (value, hard))
@@ -114,7 +115,7 @@ def _enter(spec, status):
         libc = _libc() if spec.get("netns") or spec.get("no_new_privs") else None
         if spec.get("netns") and libc.unshare(_CLONE_NEWNET) != 0:
             raise OSError(f"unshare(CLONE_NEWNET) failed: {os.strerror(_errno())}")
-        _set_limits(spec["limits"], spec.get("uid"))
+        _set_limits(spec["limits"], spec.get("uid"), spec.get("processes_now"))
         _drop(spec.get("uid"), spec.get("gid"))
         if spec.get("no_new_privs") and libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(_errno())}")

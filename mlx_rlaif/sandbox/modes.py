@@ -1,6 +1,8 @@
 """What each sandbox mode needs from the host (see box.py for the modes and guarantees).
 
-Choosing a mode and probing bubblewrap; bubblewrap's mount layout; the macOS seatbelt profile;
+Choosing a mode (auto never falls back to running the student with the user's own rights)
+and probing bubblewrap and sandbox-exec; bubblewrap's mount layout (the seatbelt profile is
+seatbelt.py);
 which interpreter and toolchain paths an unprivileged uid can reach; the pool of sandbox uids
 used when running as root, killing every process of one of them and removing what it left in
 the world-writable directories.
@@ -36,28 +38,84 @@ _TOP = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # --- choosing a mode -------------------------------------------------------------------------
 
 
+NO_ISOLATION_FIX = ("install bubblewrap (apt-get install bubblewrap) and allow user namespaces, "
+                    "or set reward.exec.sandbox: process to accept running student code with your "
+                    "own rights (it can read your files, use the network and signal your "
+                    "processes)")
+
+
+def host_platform() -> str:
+    """sys.platform (a function, so that tests can stand in another platform)."""
+    return sys.platform
+
+
+def is_root() -> bool:
+    """Whether we run as root (then process mode gives each slot its own uid)."""
+    return os.geteuid() == 0
+
+
 def choose_mode(mode: str) -> tuple[str, str]:
-    """(mode, why) for a requested mode; raises ConfigError when it cannot work here."""
+    """(mode, why) for a requested mode; raises ConfigError when it cannot work here.
+
+    `auto` takes an isolating sandbox (bwrap on Linux, seatbelt on macOS) or, as root, process
+    mode with a uid per slot; as anyone else, process mode runs the student with the user's own
+    rights, which only the user may choose (`reward.exec.sandbox: process`): auto refuses."""
     if mode not in MODES:
         raise ConfigError(f"sandbox = {mode!r} is not one of {', '.join(MODES)}")
     if mode == "process":
         return "process", "process limits only (requested)"
-    if mode == "bwrap" or (mode == "auto" and sys.platform.startswith("linux")):
-        problem = bwrap_problem()
+    plat = host_platform()
+    if mode == "bwrap" or (mode == "auto" and plat.startswith("linux")):
+        problem = bwrap_problem() if plat.startswith("linux") else "bwrap needs Linux"
         if problem is None:
             return "bwrap", "bubblewrap namespaces"
         if mode == "bwrap":
             raise ConfigError(f"sandbox = bwrap does not work here ({problem}): install "
                               "bubblewrap (apt-get install bubblewrap) and allow user namespaces, "
                               "or set reward.exec.sandbox=process")
-        return "process", f"process limits only: bwrap unavailable ({problem})"
-    if mode == "seatbelt" or (mode == "auto" and sys.platform == "darwin"):
-        if sys.platform == "darwin" and Path("/usr/bin/sandbox-exec").exists():
-            return "seatbelt", "macOS sandbox-exec profile"
+        return _unisolated(f"bwrap unavailable ({problem})")
+    if mode == "seatbelt" or (mode == "auto" and plat == "darwin"):
+        problem = seatbelt_problem() if plat == "darwin" else "needs macOS"
+        if problem is None:
+            return "seatbelt", "macOS sandbox-exec, default-deny profile"
         if mode == "seatbelt":
-            raise ConfigError("sandbox = seatbelt needs macOS /usr/bin/sandbox-exec: set "
+            raise ConfigError(f"sandbox = seatbelt does not work here ({problem}): set "
                               "reward.exec.sandbox=auto")
-    return "process", "process limits only: no bwrap or seatbelt on this platform"
+        raise ConfigError(f"sandbox-exec does not work here ({problem}): run mlx-rlaif outside "
+                          "other sandboxes, or set reward.exec.sandbox: process to accept running "
+                          "student code with your own rights")
+    return _unisolated("no bwrap or seatbelt on this platform")
+
+
+def _unisolated(why: str) -> tuple[str, str]:
+    """auto where no isolating sandbox works: process mode as root (a uid per slot), else a
+    ConfigError naming the fix."""
+    if is_root():
+        return "process", f"process limits only, own uid per slot: {why}"
+    raise ConfigError(f"no isolating sandbox works here ({why}): {NO_ISOLATION_FIX}")
+
+
+@functools.cache
+def seatbelt_problem() -> str | None:
+    """None when sandbox-exec starts our Python under our profile here, else a reason (it
+    refuses inside another sandbox, e.g. an app's)."""
+    from . import seatbelt
+
+    if not Path(seatbelt.SANDBOX_EXEC).exists():
+        return f"{seatbelt.SANDBOX_EXEC} not found"
+    exe = os.path.realpath(sys.executable)
+    dirs = seatbelt.interpreter_dirs(prefix_of(exe), exe)
+    with tempfile.TemporaryDirectory(prefix="mlx-rlaif-probe-") as box:
+        cmd = seatbelt.command(seatbelt.profile(len(dirs)), seatbelt.params(box, dirs),
+                               [exe, "-I", "-S", "-c", "pass"])
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                               stdin=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"}, cwd=box)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"sandbox-exec failed to run: {str(e)[:200]}"
+    if r.returncode != 0:
+        return (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1][:300]
+    return None
 
 
 @functools.cache
@@ -238,21 +296,3 @@ def remove_owned(uid: int, since: float, dirs: Sequence[str] = SHARED_DIRS) -> N
                     os.unlink(e.path)
             except OSError:
                 continue
-
-
-def seatbelt_profile(ro_paths: Sequence[str], box_host: Path) -> str:
-    """The macOS sandbox-exec profile of one run (not exercised by our CI)."""
-    reads = " ".join(f'(subpath "{p}")' for p in (*ro_paths, str(box_host)))
-    home = os.path.expanduser("~")
-    return f"""(version 1)
-(allow default)
-(deny network*)
-(deny file-write*)
-(allow file-write* (subpath "{box_host}") (literal "/dev/null") (literal "/dev/zero"))
-(deny file-read* (subpath "{home}"))
-(allow file-read* {reads})
-(deny signal)
-(allow signal (target same-sandbox))
-(deny process-info*)
-(allow process-info* (target same-sandbox))
-"""

@@ -1,0 +1,158 @@
+"""The macOS sandbox: a default-deny seatbelt profile, its parameters, and the command that
+starts one run under it (`sandbox-exec -p PROFILE -D NAME=PATH ... python -I -S -c LAUNCHER`).
+
+The profile is fixed text: it names no path of this machine. Every path a run may touch (its
+box, the interpreter's installation, the toolchains) arrives as a `-D` parameter, absolute and
+`realpath()`'d (the kernel checks resolved paths: `/tmp` is `/private/tmp`, `/var` is
+`/private/var`), so no path, whatever it holds (`"`, `)`, a newline), can add a rule. A profile
+that fails to compile or apply fails the run (the launcher never reports ready: SandboxError);
+nothing retries it unsandboxed.
+
+What it allows, and nothing else (`(deny default)` first; the last matching rule wins):
+- processes: `process-fork`; `process-exec` of the interpreter, the toolchains and the box
+  (compiled programs); `signal` and `process-info*` only to processes in this sandbox;
+- reads (and `file-map-executable`, to load code): the interpreter's installation, the
+  toolchains, the box, the system's libraries (`/usr`, `/System/Library`, the dyld cache in
+  the cryptexes, `/private/var/db/dyld`), the time zone database, a few devices
+  (`/dev/null`, `/dev/zero`, `/dev/random`, `/dev/urandom`, the `/dev/fd` listing); metadata
+  (`stat`) anywhere: path resolution needs it for every component of every path;
+- writes: the box, and `/dev/null`;
+- Mach: the one service `getpwuid` needs (`com.apple.system.opendirectoryd.libinfo`);
+- `sysctl-read` of hardware and OS-version names only (no `kern.proc*`: no other process's
+  argv or environment through `kern.procargs2`); POSIX semaphores named like Python's
+  multiprocessing's (`/mp-`);
+- then, over everything above: `(deny file-link)` (no hard link of a file outside into the
+  box) and `(deny file-write-setugid)`.
+Denied by `(deny default)`: every network operation (TCP, UDP, DNS, Unix sockets), AppleEvents
+(`osascript`), Launch Services (`open`), every other Mach service (the pasteboard, the
+keychain, launchd's `launchctl submit`), IOKit, POSIX shared memory, `sysctl-write`,
+pseudo-terminals and reads anywhere else: the home directory, `/Volumes`, `/Users/Shared`, the
+per-user temporary directory where the boxes of other runs live.
+
+Where the rules come from: Apple's profile language as its own profiles in
+`/System/Library/Sandbox/Profiles` use it, and the default-deny profiles of projects that run
+untrusted code on macOS: OpenAI Codex (`seatbelt_base_policy.sbpl`: its sysctl allow-list and
+`ipc-posix-sem` for multiprocessing), Chromium (`sandbox/policy/mac/common.sb`), Anthropic's
+sandbox-runtime (no `kern.procargs2`), Nix (`sandbox-defaults.sb`) and Gemini CLI (`-D`
+parameters instead of formatted paths, PR #22832). No file of theirs is copied.
+
+Not covered: nobody runs this profile in our CI (Linux): tests/test_seatbelt.py holds its text
+(a golden file) and its rules (a parser), and `mlx-rlaif doctor` on a Mac is the check that it
+contains what it claims and that Python, multiprocessing and the toolchains still work in it.
+Timing side channels, the CPU and memory limits (box.py), and what the kernel exposes to every
+process regardless of profile (e.g. `getpid`, the load average) are outside a profile's reach.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+
+SANDBOX_EXEC = "/usr/bin/sandbox-exec"
+BOX_PARAM = "BOX"
+
+SYSTEM_READS = ("/usr", "/System/Library", "/System/Volumes/Preboot/Cryptexes",
+                "/System/Cryptexes", "/private/var/db/dyld", "/private/var/db/timezone")
+DEVICE_READS = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/fd",
+                "/private/etc/localtime")
+MACH_SERVICES = ("com.apple.system.opendirectoryd.libinfo",)
+SYSCTL_NAMES = (
+    "hw.activecpu", "hw.byteorder", "hw.cachelinesize", "hw.cpufamily", "hw.cpusubtype",
+    "hw.cputype", "hw.l1dcachesize", "hw.l1icachesize", "hw.l2cachesize", "hw.logicalcpu",
+    "hw.logicalcpu_max", "hw.machine", "hw.memsize", "hw.model", "hw.ncpu", "hw.nperflevels",
+    "hw.pagesize", "hw.physicalcpu", "hw.physicalcpu_max", "hw.tbfrequency",
+    "kern.argmax", "kern.hostname", "kern.maxfilesperproc", "kern.osproductversion",
+    "kern.osrelease", "kern.ostype", "kern.osvariant_status", "kern.osversion",
+    "kern.secure_kernel", "kern.usrstack64", "kern.version", "sysctl.proc_cputype",
+    "sysctl.proc_translated",
+)
+SYSCTL_PREFIXES = ("hw.optional.", "hw.perflevel")
+SEMAPHORE_PREFIX = "/mp-"  # multiprocessing's SemLock names: "/mp-" + 8 random characters
+
+
+def exec_param(i: int) -> str:
+    """The parameter name of the i-th directory the run may read and execute from."""
+    return f"EXEC_{i}"
+
+
+def _lines(items: Sequence[str]) -> str:
+    return "\n".join(f"  {x}" for x in items)
+
+
+def profile(n_exec: int) -> str:
+    """The profile's text for a run with `n_exec` interpreter and toolchain directories (the
+    parameters EXEC_0 .. EXEC_{n-1}, and BOX). The same text for every run of one Sandbox."""
+    code = [f'(subpath (param "{exec_param(i)}"))' for i in range(n_exec)]
+    code.append(f'(subpath (param "{BOX_PARAM}"))')
+    system = [f'(subpath "{p}")' for p in SYSTEM_READS]
+    devices = [f'(literal "{p}")' for p in DEVICE_READS]
+    sysctls = ([f'(sysctl-name "{n}")' for n in SYSCTL_NAMES]
+               + [f'(sysctl-name-prefix "{p}")' for p in SYSCTL_PREFIXES])
+    mach = [f'(global-name "{s}")' for s in MACH_SERVICES]
+    return f"""(version 1)
+(deny default)
+
+; processes: fork; exec the interpreter, the toolchains and the box's programs
+(allow process-fork)
+(allow process-exec
+{_lines(code)})
+(allow signal (target same-sandbox))
+(allow process-info* (target same-sandbox))
+
+; reads: stat anywhere (path resolution); contents only of these
+(allow file-read-metadata)
+(allow file-read* file-map-executable
+{_lines(code + system)})
+(allow file-read*
+{_lines(devices)})
+
+; writes: the box and /dev/null
+(allow file-write* (subpath (param "{BOX_PARAM}")))
+(allow file-write-data (literal "/dev/null"))
+
+; the one Mach service getpwuid needs; hardware and OS-version sysctls; multiprocessing
+(allow mach-lookup
+{_lines(mach)})
+(allow sysctl-read
+{_lines(sysctls)})
+(allow ipc-posix-sem (ipc-posix-name-prefix "{SEMAPHORE_PREFIX}"))
+
+; over every allow above: no hard links, no setuid or setgid bits
+(deny file-link)
+(deny file-write-setugid)
+"""
+
+
+def params(box: str | os.PathLike, exec_dirs: Sequence[str]) -> dict[str, str]:
+    """The -D parameters of one run: every path absolute and resolved (realpath)."""
+    out = {exec_param(i): os.path.realpath(p) for i, p in enumerate(exec_dirs)}
+    out[BOX_PARAM] = os.path.realpath(box)
+    return out
+
+
+def command(text: str, values: Mapping[str, str], argv: Sequence[str]) -> list[str]:
+    """`sandbox-exec` running `argv` under the profile `text` with the parameters `values`."""
+    defines = [x for name, value in values.items() for x in ("-D", f"{name}={value}")]
+    return [SANDBOX_EXEC, "-p", text, *defines, *argv]
+
+
+def interpreter_dirs(prefix: str, executable: str) -> list[str]:
+    """What the interpreter needs to read and run: its installation and, for a Homebrew Python,
+    Homebrew's kegs (its C extensions link OpenSSL, SQLite, mpdecimal from there)."""
+    out = [prefix]
+    real = os.path.realpath(executable)
+    if real.startswith("/opt/homebrew/Cellar/"):  # /usr/local's kegs are under /usr already
+        out += ["/opt/homebrew/Cellar", "/opt/homebrew/opt"]
+    return out
+
+
+def processes_of(uid: int) -> int:
+    """How many processes `uid` runs (RLIMIT_NPROC counts them all; the launcher cannot run
+    `ps` under the profile, so the trusted side counts)."""
+    try:
+        out = subprocess.run(["/bin/ps", "-A", "-o", "uid="], capture_output=True, text=True,
+                             timeout=30, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for x in out.split() if x == str(uid))

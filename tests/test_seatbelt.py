@@ -1,0 +1,291 @@
+"""The macOS seatbelt sandbox, checked where CI runs (Linux): the rendered profile against a
+committed golden file, its rules through a small parser of Apple's profile language (balanced,
+`(deny default)` first, only allowed operations, every allow filtered, the Mach and sysctl
+allow-lists, writes only to the box, every parameter defined, no literal over 1,025 bytes), and
+the command, parameters and environment the launcher gets (the platform query stood in).
+
+Not covered here: whether macOS enforces it as read; `mlx-rlaif doctor` on a Mac runs the hostile
+self-test against it (tests/test_selftest.py runs the same self-test here in bwrap and process
+mode). To accept a deliberate change of the profile: `python3 tests/test_seatbelt.py --update`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlx_rlaif.sandbox import Limits, Sandbox, SandboxError, box, modes, seatbelt
+
+GOLDEN = Path(__file__).with_name("data") / "seatbelt.sb"
+N_EXEC = 3  # the golden file's: interpreter, a toolchain, its sysroot
+
+ALLOWED_OPS = {"process-fork", "process-exec", "signal", "process-info*", "file-read-metadata",
+               "file-read*", "file-map-executable", "file-write*", "file-write-data",
+               "mach-lookup", "sysctl-read", "ipc-posix-sem"}
+# no filter exists for a fork; path resolution stats every component of every path
+UNFILTERED = {"process-fork", "file-read-metadata"}
+MACH = {"com.apple.system.opendirectoryd.libinfo"}
+SYSCTL_PREFIXES = {"hw.optional.", "hw.perflevel"}
+KERN_SYSCTLS = {  # hardware (hw.*) and these: the OS's version and its fixed limits (uname(3)
+    # reads kern.hostname too: os.uname and the platform module fail without it)
+    "kern.argmax", "kern.hostname", "kern.maxfilesperproc", "kern.osproductversion",
+    "kern.osrelease", "kern.ostype", "kern.osvariant_status", "kern.osversion",
+    "kern.secure_kernel", "kern.usrstack64", "kern.version", "sysctl.proc_cputype",
+    "sysctl.proc_translated"}
+SECRET_PLACES = ("/Users/someone/.ssh/id_ed25519", "/Volumes/disk/x", "/Users/Shared/x",
+                 "/private/var/folders/ab/cd/T/mlx-rlaif-box-other/task.json",
+                 "/private/tmp/x", "/private/etc/master.passwd", "/Library/Keychains/x")
+
+
+# --- a reader of the profile language: strings, symbols, lists, `;` comments ----------------
+
+
+def parse(text: str) -> list:
+    """The top-level forms of `text`; raises ValueError on unbalanced parentheses or an
+    unterminated string. Strings come back as ("str", value)."""
+    stack: list[list] = [[]]
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == ";":
+            i = text.find("\n", i) if "\n" in text[i:] else len(text)
+        elif c == "(":
+            stack.append([])
+            i += 1
+        elif c == ")":
+            if len(stack) == 1:
+                raise ValueError(f"unbalanced ')' at {i}")
+            done = stack.pop()
+            stack[-1].append(done)
+            i += 1
+        elif c == '"':
+            j, value = i + 1, []
+            while j < len(text) and text[j] != '"':
+                if text[j] == "\\":
+                    j += 1
+                value.append(text[j])
+                j += 1
+            if j >= len(text):
+                raise ValueError("unterminated string")
+            stack[-1].append(("str", "".join(value)))
+            i = j + 1
+        elif c.isspace():
+            i += 1
+        else:
+            j = i
+            while j < len(text) and not text[j].isspace() and text[j] not in '();"':
+                j += 1
+            stack[-1].append(text[i:j])
+            i = j
+    if len(stack) != 1:
+        raise ValueError("unbalanced '('")
+    return stack[0]
+
+
+def strings(form) -> list[str]:
+    if isinstance(form, tuple):
+        return [form[1]]
+    if isinstance(form, list):
+        return [s for x in form for s in strings(x)]
+    return []
+
+
+def params_used(form) -> set[str]:
+    if isinstance(form, list):
+        if form[:1] == ["param"]:
+            return {form[1][1]}
+        return {p for x in form for p in params_used(x)}
+    return set()
+
+
+def rule(form: list) -> tuple[str, list[str], list]:
+    """(action, operations, filters) of an allow or deny form."""
+    ops = [x for x in form[1:] if isinstance(x, str)]
+    return form[0], ops, [x for x in form[1:] if isinstance(x, list)]
+
+
+def path_of(f: list) -> tuple[str, str]:
+    """(kind, path) of a path filter: a literal path, or a parameter's value."""
+    arg = f[1]
+    return f[0], arg[1] if isinstance(arg, tuple) else "<" + arg[1][1] + ">"
+
+
+def covers(kind: str, path: str, target: str) -> bool:
+    if kind == "literal":
+        return path == target
+    return target == path or target.startswith(path.rstrip("/") + "/")
+
+
+# --- the profile's text and rules ----------------------------------------------------------
+
+
+def test_the_profile_matches_the_golden_file() -> None:
+    assert seatbelt.profile(N_EXEC) == GOLDEN.read_text(), (
+        "the seatbelt profile changed: review it, then `python3 tests/test_seatbelt.py --update`")
+
+
+def test_the_parser_refuses_unbalanced_text() -> None:
+    for bad in ("(allow (x)", "(allow x))", '(allow (literal "x))'):
+        with pytest.raises(ValueError):
+            parse(bad)
+
+
+def test_rules_deny_by_default_and_allow_only_what_runs_need() -> None:
+    forms = parse(seatbelt.profile(N_EXEC))
+    assert forms[0] == ["version", "1"] and forms[1] == ["deny", "default"]
+    rules = [rule(f) for f in forms[2:]]
+    assert all(action in ("allow", "deny") for action, _, _ in rules)
+    # over every allow: no hard links, no setuid bits (the last matching rule wins)
+    assert [(a, ops) for a, ops, _ in rules[-2:]] == [("deny", ["file-link"]),
+                                                      ("deny", ["file-write-setugid"])]
+    assert all(a == "allow" for a, _, _ in rules[:-2])
+    for _, ops, filters in rules[:-2]:
+        assert set(ops) <= ALLOWED_OPS, ops
+        assert filters or set(ops) <= UNFILTERED, f"{ops} allowed without a filter"
+    for forbidden in ("network*", "network-outbound", "network-bind", "appleevent-send",
+                      "lsopen", "iokit-open", "sysctl-write", "pseudo-tty", "ipc-posix-shm*",
+                      "file-link", "default"):
+        assert forbidden not in ALLOWED_OPS
+
+
+def test_mach_sysctl_and_process_rules_are_allow_lists() -> None:
+    rules = [rule(f) for f in parse(seatbelt.profile(N_EXEC))[2:]]
+    by_op = {op: filters for _, ops, filters in rules for op in ops}
+    assert {f[0] for f in by_op["mach-lookup"]} == {"global-name"}
+    assert {f[1][1] for f in by_op["mach-lookup"]} == MACH
+    for f in by_op["sysctl-read"]:
+        name = f[1][1]
+        assert f[0] in ("sysctl-name", "sysctl-name-prefix"), f
+        assert not name.startswith("kern.proc") and not "kern.proc".startswith(name), name
+        assert name.startswith("hw.") or name in KERN_SYSCTLS, name
+        if f[0] == "sysctl-name-prefix":
+            assert name in SYSCTL_PREFIXES
+    assert "kern.procargs2" not in strings(by_op["sysctl-read"])
+    for op in ("signal", "process-info*"):
+        assert by_op[op] == [["target", "same-sandbox"]]
+    assert by_op["ipc-posix-sem"] == [["ipc-posix-name-prefix", ("str", "/mp-")]]
+
+
+def test_writes_only_to_the_box_and_reads_nowhere_private() -> None:
+    rules = [rule(f) for f in parse(seatbelt.profile(N_EXEC))[2:]]
+    for action, ops, filters in rules:
+        if action != "allow":
+            continue
+        paths = [path_of(f) for f in filters if f[0] in ("subpath", "literal")]
+        assert len(paths) == len(filters) or not any(o.startswith("file") for o in ops), filters
+        if any(o.startswith("file-write") for o in ops):
+            assert paths in ([("subpath", "<BOX>")], [("literal", "/dev/null")]), paths
+        if any(o.startswith(("file-read", "file-map", "process-exec")) for o in ops):
+            for kind, path in paths:
+                assert path.startswith(("/", "<")), path
+                for place in SECRET_PLACES:
+                    assert not covers(kind, path, place), f"{kind} {path} opens {place}"
+        if "process-exec" in ops:  # the interpreter, toolchains and box: no system binaries
+            assert all(p.startswith("<") for _, p in paths), paths
+
+
+def test_every_parameter_is_defined_and_every_literal_fits() -> None:
+    text = seatbelt.profile(N_EXEC)
+    values = seatbelt.params("/tmp", ["/usr/lib", "/opt", "/srv"])
+    assert params_used(parse(text)) == set(values) == {"BOX", "EXEC_0", "EXEC_1", "EXEC_2"}
+    assert all(len(s.encode()) <= 1025 for s in strings(parse(text)))
+
+
+def test_paths_never_change_the_profile(tmp_path: Path) -> None:
+    """A path holding `"`, `)` or a newline is a parameter's value, never profile text."""
+    evil = tmp_path / 'x") (allow default) ;\n("'
+    evil.mkdir()
+    values = seatbelt.params(evil, [str(evil)])
+    cmd = seatbelt.command(seatbelt.profile(1), values, ["/bin/true"])
+    assert cmd[2] == seatbelt.profile(1) and "allow default" not in cmd[2]
+    assert f"BOX={evil}" in cmd and f"EXEC_0={evil}" in cmd
+
+
+# --- the launcher's command, parameters and environment under seatbelt ----------------------
+
+
+@pytest.fixture()
+def mac(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """This machine, standing in for a Mac whose sandbox-exec works; the temporary directory
+    reached through a symlink (as macOS's /var -> /private/var)."""
+    monkeypatch.setattr(modes, "host_platform", lambda: "darwin")
+    monkeypatch.setattr(modes, "seatbelt_problem", lambda: None)
+    real = tmp_path / "private" / "var"
+    real.mkdir(parents=True)
+    (tmp_path / "var").symlink_to(real)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "var"))
+    return real
+
+
+def started(monkeypatch: pytest.MonkeyPatch, sb: Sandbox) -> dict:
+    """What Sandbox.start hands Popen (the command is not run here)."""
+    seen: dict = {}
+
+    def popen(cmd, **kw):
+        seen.update(kw, cmd=cmd)
+        raise OSError("recorded, not run")
+
+    monkeypatch.setattr(box.subprocess, "Popen", popen)
+    with sb.box() as b, pytest.raises(SandboxError, match="recorded"):
+        seen["box"] = b
+        sb.start(b, [b.write("main.py", "print(1)"), "arg"], Limits(), python_file=True)
+    return seen
+
+
+def test_seatbelt_command_parameters_and_environment(mac: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("SSH_AUTH_SOCK", "/tmp/agent"), ("DYLD_INSERT_LIBRARIES", "/x.dylib"),
+                        ("PYTHONPATH", "/evil"), ("OPENAI_API_KEY", "sk-canary")):
+        monkeypatch.setenv(name, value)
+    sb = Sandbox("seatbelt", slots=1)
+    assert sb.mode == "seatbelt" and not sb.root  # never a uid of its own under seatbelt
+    seen = started(monkeypatch, sb)
+    cmd = seen["cmd"]
+    assert cmd[:3] == ["/usr/bin/sandbox-exec", "-p", sb._profile]
+    assert sb._profile == seatbelt.profile(len(sb._exec_dirs))
+    defines = {}
+    i = 3
+    while cmd[i] == "-D":
+        name, _, value = cmd[i + 1].partition("=")
+        defines[name] = value
+        i += 2
+    assert params_used(parse(sb._profile)) == set(defines)
+    for value in defines.values():  # absolute, canonical
+        assert os.path.isabs(value) and value == os.path.realpath(value), value
+    assert defines["BOX"] == os.path.realpath(seen["box"].host)
+    assert defines["BOX"].startswith(str(mac)) and "/var/" not in defines["BOX"].replace(
+        str(mac), "")
+    assert defines["EXEC_0"] == os.path.realpath(sys.base_prefix)
+    python = cmd[i:i + 4]
+    assert python == [os.path.realpath(sys.executable), "-I", "-S", "-c"]
+    assert cmd[i + 4] == box.LAUNCHER and "'processes_now':" in cmd[i + 5]
+    assert len(cmd) == i + 6
+    env = seen["env"]
+    assert set(env) == {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL"}
+    assert env["HOME"] == env["TMPDIR"] == str(seen["box"].host)
+    assert not any(v in str(env) for v in ("agent", "dylib", "evil", "canary"))
+    assert seen["start_new_session"] is True and seen["stdin"] == subprocess.DEVNULL
+    assert seen["close_fds"] is True
+
+
+def test_a_profile_that_fails_fails_the_run_and_nothing_runs_unsandboxed(
+        mac: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """sandbox-exec refusing (here: a stand-in that exits 1, as it does on a profile error)
+    is our failure, SandboxError; the program is never run another way."""
+    monkeypatch.setattr(seatbelt, "SANDBOX_EXEC", "/bin/false")
+    sb = Sandbox("seatbelt", slots=1)
+    marker = tmp_path / "ran-unsandboxed"
+    with sb.box() as b:
+        path = b.write("main.py", f"open({str(marker)!r}, 'w').write('x')\n")
+        with pytest.raises(SandboxError, match="did not start"):
+            sb.run(b, [path], Limits(timeout_s=20), python_file=True)
+    assert not marker.exists()
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--update"]:
+    GOLDEN.write_text(seatbelt.profile(N_EXEC))
+    print(f"wrote {GOLDEN}")
