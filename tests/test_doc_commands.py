@@ -3,8 +3,8 @@ docs/*.md, on the shipped tiny model, with one declared override, `MLX_RLAIF_SMO
 one training step and small evaluations: config/loading.py `smoke_caps`).
 
 Each page's blocks run in order with `bash -e` in a fresh directory of their own, where
-`configs/`, `models/` and `tools/` link to this checkout's and `mlx-rlaif`, `python` and
-`python3` run this checkout's code with this test's interpreter. A block whose fence is
+`configs/`, `models/`, `tools/` and `examples/` link to this checkout's and `mlx-rlaif`,
+`python` and `python3` run this checkout's code with this test's interpreter. A block whose fence is
 preceded by `<!-- skip: REASON (...) -->` is listed as skipped; REASON is one of `SKIP_REASONS`.
 The fast tests check the markers, that every subcommand of `mlx-rlaif` appears in a block that
 runs, that each command's `--help` names its guide, the smoke caps themselves, and that the
@@ -35,7 +35,7 @@ SHELL = {"bash", "sh", "shell"}
 SKIP_REASONS = {"network", "teacher-key", "gpu", "machines", "long"}
 MARKER = re.compile(r"^\s*<!--\s*skip:\s*([\w-]+)")
 FENCE = re.compile(r"^\s*```(\S*)\s*$")
-LINKED = ("configs", "models", "tools")
+LINKED = ("configs", "models", "tools", "examples")
 BLOCK_TIMEOUT_S = 300
 
 
