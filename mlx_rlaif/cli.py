@@ -22,6 +22,7 @@ import sys
 
 from . import __version__
 from .errors import ConfigError, RlaifError, UsageError
+from .terminal import VisibleFormatter, visible
 
 # command name -> module under mlx_rlaif.commands
 COMMANDS: dict[str, str] = {
@@ -96,7 +97,7 @@ def _setup_logging() -> None:
     if any(getattr(h, "_mlx_rlaif", False) for h in logger.handlers):
         return
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(VisibleFormatter("%(message)s"))  # task ids, reasons: escaped
     handler._mlx_rlaif = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check(args)
     except (ConfigError, UsageError) as e:
-        print(f"mlx-rlaif {args.command}: error: {e}", file=sys.stderr)
+        print(f"mlx-rlaif {args.command}: error: {visible(e)}", file=sys.stderr)
         return 2
     if args.command not in LIGHT:
         from .cpu.blas import maybe_reexec_with_fast_blas
@@ -134,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except (ConfigError, UsageError) as e:
-        print(f"mlx-rlaif {args.command}: error: {e}", file=sys.stderr)
+        print(f"mlx-rlaif {args.command}: error: {visible(e)}", file=sys.stderr)
         return 2
     except RlaifError as e:
-        print(f"mlx-rlaif {args.command}: error: {e}", file=sys.stderr)
+        print(f"mlx-rlaif {args.command}: error: {visible(e)}", file=sys.stderr)
         return 1
 
 

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data import load_tasks
     from ..rewards.build import build_reward
     from ..rewards.custom.contract import record_fields
+    from ..terminal import visible
     from ..train.evaluate import evaluate_tasks
 
     if args.n < 1 or args.turns < 1:
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
                              converse=ops.converse, hidden_tests=args.hidden_tests)
     finally:
         reward_fn.close()
-    table = Table(title=f"{args.suite}: {res['n_tasks']} tasks x {args.n} samples, T={temp}")
+    table = Table(title=f"{visible(args.suite, lines=False)}: {res['n_tasks']} tasks x {args.n} "
+                        f"samples, T={temp}")
     for col in ("metric", "value"):
         table.add_column(col)
     for k in ks:

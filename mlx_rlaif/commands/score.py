@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError, UsageError
+from ..terminal import json_visible
 
 HELP = "Score completions (task record + completion per JSONL line) with the exec or a teacher reward."
 
@@ -99,7 +100,7 @@ def read_scoring_input(path: str) -> tuple[list[dict], list, list[str]]:
 def scored_line(rec: dict, reward: Any) -> str:
     out = {**rec, "reward": reward.value, "parts": dict(reward.parts), "reason": reward.reason,
            "details": dict(reward.details)}
-    return json.dumps(out, ensure_ascii=False, default=str)
+    return json_visible(json.dumps(out, ensure_ascii=False, default=str))  # the same value
 
 
 def write_atomic(path: str, lines: list[str]) -> None:

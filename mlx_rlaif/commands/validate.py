@@ -262,6 +262,8 @@ def print_report(rep: dict, console: Any, show: int, chars: int) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from ..terminal import visible
+
     s, b, t = rep["summary"], rep["baseline"], rep["fine_tuned"]
     table = Table(title=f"Validation: baseline vs fine-tuned ({s['prompts']} prompts, reward "
                         f"{rep['settings']['reward']})")
@@ -277,13 +279,14 @@ def print_report(rep: dict, console: Any, show: int, chars: int) -> None:
     console.print(f"improvement: {_fmt(s['improvement'], sign=True)}{pct}   improved "
                   f"{s['improved']}, degraded {s['degraded']}, equal {s['equal']}, "
                   f"unscored {s['unscored']}")
-    for ex in rep["examples"][:show]:
+    for ex in rep["examples"][:show]:  # untrusted text: no markup, control characters escaped
         body = Text()
-        body.append("prompt: ", "bold").append(ex["prompt"][:chars] + "\n\n")
+        body.append("prompt: ", "bold").append(visible(ex["prompt"][:chars]) + "\n\n")
         for key, name in (("baseline", "baseline"), ("fine_tuned", "fine-tuned")):
             body.append(f"{name} ({_fmt(ex[key]['score'])}):\n", "bold")
-            body.append(ex[key]["text"][:chars] + "\n\n")  # untrusted text: no markup
-        console.print(Panel(body, title=Text(f"{ex['id']}  delta {_fmt(ex['delta'], sign=True)}")))
+            body.append(visible(ex[key]["text"][:chars]) + "\n\n")
+        title = f"{visible(ex['id'], lines=False)}  delta {_fmt(ex['delta'], sign=True)}"
+        console.print(Panel(body, title=Text(title)))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,6 +36,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from ..terminal import visible
 from .health import HealthReport
 from .stats import components, finite
 
@@ -275,23 +276,26 @@ def _metrics_table(s: DashboardState) -> RenderableType:
 
 
 def _completion(sample: Mapping[str, Any]) -> RenderableType:
+    """The latest completion's panel: every text of it untrusted (the task's id, the student's
+    completion, the sandbox's reason, the judge's rationale), its control characters escaped."""
     parts = sample.get("parts") or {}
-    scores = "  ".join(f"{k}={fmt(v, '.2f')}" for k, v in parts.items())
+    scores = visible("  ".join(f"{k}={fmt(v, '.2f')}" for k, v in parts.items()), lines=False)
     title = (
-        f"latest completion: {sample.get('task_id', '?')} ({sample.get('language', '?')})"
+        f"latest completion: {visible(sample.get('task_id', '?'), lines=False)} "
+        f"({visible(sample.get('language', '?'), lines=False)})"
         f"  reward {fmt(sample.get('reward'), none='None')}  adv "
         f"{fmt(sample.get('advantage'), '+.2f')}"
         + ("  [truncated]" if sample.get("truncated") else "")
     )
-    lines = str(sample.get("completion") or "").strip("\n").splitlines()
+    lines = visible(sample.get("completion") or "").strip("\n").split("\n")
     body = Text(
         "\n".join(lines[:COMPLETION_LINES]) + ("\n..." if len(lines) > COMPLETION_LINES else "")
     )
     extra = [Text(scores, style="cyan")] if scores else []
     if sample.get("reason"):
-        extra.append(Text(f"reason: {sample['reason']}", style="dim"))
+        extra.append(Text(f"reason: {visible(sample['reason'])}", style="dim"))
     if sample.get("rationale"):
-        extra.append(Text(f"rationale: {sample['rationale']}", style="italic"))
+        extra.append(Text(f"rationale: {visible(sample['rationale'])}", style="italic"))
     return Panel(Group(body, *extra), title=Text(title), title_align="left", border_style="dim")
 
 
@@ -362,7 +366,7 @@ class Dashboard:
     def health(self, report: HealthReport) -> None:
         with self._lock:
             self._state.health = report
-        self.console.print(report.line, markup=False, highlight=False)
+        self.console.print(visible(report.line), markup=False, highlight=False)
 
     def evaluation(self, step: int, row: Mapping[str, Any]) -> None:
         with self._lock:
@@ -370,12 +374,12 @@ class Dashboard:
         self.console.print(eval_line(step, row), markup=False, highlight=False)
 
     def message(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False)
+        self.console.print(visible(text), markup=False, highlight=False)
 
     def close(self, summary: str) -> None:
         if self._live.is_started:
             self._live.stop()
-            self.console.print(summary, markup=False, highlight=False)
+            self.console.print(visible(summary), markup=False, highlight=False)
 
 
 class PlainPrinter:
@@ -388,7 +392,7 @@ class PlainPrinter:
         self.stream = stream or sys.stdout
 
     def _print(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        print(visible(text), file=self.stream, flush=True)
 
     def start(self) -> None:
         pass

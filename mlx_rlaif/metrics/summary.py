@@ -20,6 +20,7 @@ from typing import Any
 from rich.table import Table
 
 from ..errors import UsageError
+from ..terminal import visible
 from .jsonl import atomic_write, last_per_key, read_jsonl
 from .stats import components, finite, mean
 
@@ -101,7 +102,7 @@ def cell(value: Any) -> str:
         return str(value)
     x = finite(value)
     if x is None:
-        return str(value)
+        return visible(value, lines=False)  # a task id, a reason: control characters escaped
     return f"{x:.4g}" if abs(x) < 1e5 else f"{x:,.0f}"
 
 
@@ -109,7 +110,7 @@ def table(records: Sequence[Mapping], kind: str, title: str = "") -> Table:
     cols = columns(records, kind)
     t = Table(title=title or None, header_style="bold")
     for c in cols:
-        t.add_column(c.replace("/", "/\n"), justify="right", no_wrap=True)
+        t.add_column(visible(c, lines=False).replace("/", "/\n"), justify="right", no_wrap=True)
     for r in records:
         t.add_row(*(cell(r.get(c)) for c in cols))
     return t
@@ -130,7 +131,7 @@ def component_table(records: Sequence[Mapping]) -> Table | None:
             vals = [finite(r.get(f"reward/{name}/{stat}")) for r in records]
             vals = [v for v in vals if v is not None]
             return cell(how(vals)) if vals else "-"
-        t.add_row(name, col("mean"), col("std"), col("frac_none"), col("errors", sum),
+        t.add_row(visible(name, lines=False), col("mean"), col("std"), col("frac_none"), col("errors", sum),
                   col("timeouts", sum), col("seconds"))
     return t
 

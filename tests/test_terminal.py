@@ -1,0 +1,158 @@
+"""No control bytes from student code, completions, task files or a judge's rationale reach a
+terminal: the bytes the dashboard (in a pseudo-terminal), the plain lines, the log lines,
+`validate`'s report and `summary`'s table write are read back and must hold the hostile text
+only as visible escapes (`\\x1b`), while the JSONL files keep it raw.
+
+Not covered here: `eval` and `score` end to end (their printing goes through the same
+`terminal.visible` / `json_visible`, checked below on their own functions).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pexpect
+import pytest
+from rich.console import Console
+
+from mlx_rlaif.metrics import summary
+from mlx_rlaif.metrics.dashboard import DashboardState, PlainPrinter, render
+from mlx_rlaif.terminal import VisibleFormatter, json_visible, visible
+
+ROOT = Path(__file__).resolve().parents[1]
+# set the title, clear the screen, write the clipboard (OSC 52), ring, CR, C1 CSI, bidi override
+HOSTILE = "t\x1b]0;pwned\x07\x1b[2J\x1b]52;c;ZXZpbA==\x07\rX\x9b31m\u202eY\x7f"
+RAW = ("\x1b]", "\x07", "\x1b[2J", "\x9b", "\u202e", "\x7f", "\r")
+
+
+def assert_only_own_escapes(data: str) -> None:
+    """`data` (what reached the terminal) holds no hostile control sequence: every ESC left is
+    one rich writes itself (SGR styles, cursor and erase for the live display), and the hostile
+    text is there, made visible."""
+    for raw in RAW[:-1]:
+        assert raw not in data, f"{raw!r} reached the terminal"
+    own = re.sub(r"\x1b\[[0-9;?]*[mAKlhGBCD]", "", data)
+    assert "\x1b" not in own and not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x80-\x9f]", own)
+    assert "\\x1b]0;pwned\\x07" in data and "\\u202e" in data
+
+
+def test_visible_escapes_controls_and_keeps_layout() -> None:
+    assert visible(HOSTILE) == ("t\\x1b]0;pwned\\x07\\x1b[2J\\x1b]52;c;ZXZpbA==\\x07\\x0dX\\x9b31m"
+                                "\\u202eY\\x7f")
+    assert visible("a\n\tb") == "a\n\tb" and visible("a\n\tb", lines=False) == "a\\x0a\\x09b"
+    assert visible("héllo → ok") == "héllo → ok"
+
+
+def test_json_visible_is_the_same_value() -> None:
+    record = {"completion": HOSTILE, "reason": "ValueError: \x1b]0;x\x07"}
+    line = json_visible(json.dumps(record, ensure_ascii=False))
+    assert json.loads(line) == record
+    assert not re.search(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e]", line)
+
+
+def hostile_sample() -> dict:
+    return {"task_id": f"id-{HOSTILE}", "language": "python", "completion": f"print(1)\n{HOSTILE}",
+            "reward": 0.0, "parts": {"tests": 0.0}, "reason": f"ValueError: {HOSTILE}",
+            "rationale": f"judge: {HOSTILE}"}
+
+
+def test_dashboard_render_writes_no_raw_control_bytes() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system="truecolor", width=200)
+    s = DashboardState(total_steps=2, step=1, first_step=1, metrics={"reward/mean": 0.0})
+    s.sample = hostile_sample()
+    console.print(render(s))
+    assert_only_own_escapes(out.getvalue())
+    assert "id-t\\x1b]0;pwned" in out.getvalue() and "judge: t\\x1b]0;" in out.getvalue()
+
+
+def test_plain_lines_and_log_lines_write_no_control_bytes() -> None:
+    out = io.StringIO()
+    printer = PlainPrinter(2, 1, out)
+    printer.message(f"task {HOSTILE} skipped")
+    printer.close(f"summary {HOSTILE}")
+    assert_only_own_escapes(out.getvalue())
+    assert "\x1b" not in out.getvalue()
+    handler = logging.StreamHandler(io.StringIO())
+    handler.setFormatter(VisibleFormatter("%(message)s"))
+    logger = logging.getLogger("test_terminal")
+    logger.addHandler(handler)
+    try:
+        logger.warning("exec reward: task %s: %s", HOSTILE, HOSTILE)
+    finally:
+        logger.removeHandler(handler)
+    logged = handler.stream.getvalue()
+    assert "\x1b" not in logged and "\\x1b]0;pwned" in logged
+
+
+def test_validate_report_and_summary_table_write_no_control_bytes() -> None:
+    from mlx_rlaif.commands.validate import print_report
+
+    side = {"tokens_per_sec": 1.0, "truncated": 0}
+    rep = {"summary": {"prompts": 1, "baseline_mean": 0.0, "fine_tuned_mean": 1.0,
+                       "improvement": 1.0, "improvement_pct": None, "improved": 1,
+                       "degraded": 0, "equal": 0, "unscored": 0},
+           "baseline": side, "fine_tuned": side, "settings": {"reward": "exec"},
+           "examples": [{"id": HOSTILE, "prompt": HOSTILE, "delta": 1.0,
+                         "baseline": {"score": 0.0, "text": HOSTILE},
+                         "fine_tuned": {"score": 1.0, "text": HOSTILE}}]}
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system="truecolor", width=200)
+    print_report(rep, console, show=1, chars=500)
+    # a hand-edited or damaged JSONL, a component named by a user's function
+    records = [{"step": HOSTILE, "reward/mean": 0.5, f"reward/{HOSTILE}/seconds": 1.0}]
+    console.print(summary.table(records, "batch"))
+    console.print(summary.component_table(records))
+    assert_only_own_escapes(out.getvalue())
+
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from mlx_rlaif.config import LoggingConfig
+    from mlx_rlaif.metrics import MetricsHub
+
+    sample = json.loads(sys.argv[2])
+    hub = MetricsHub.create(LoggingConfig(), Path(sys.argv[1]), interactive=True,
+                            total_steps=2, hparams={}, resume=False)
+    for step in (1, 2):
+        hub.log_step(step, {"epoch": 1, "batch": step, "reward/mean": 0.5})
+        hub.log_samples(step, [{**sample, "split": "train"}])
+        hub.message("skipped task " + sample["task_id"])
+        sys.stdin.readline()
+    hub.close()
+""")
+
+
+@pytest.mark.slow
+def test_a_hostile_sample_in_a_pseudo_terminal(tmp_path: Path) -> None:
+    """The live dashboard, as a user sees it: every byte the pseudo-terminal received."""
+    script = tmp_path / "dash.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)}
+    env.pop("NO_COLOR", None)
+    sample = hostile_sample()
+    child = pexpect.spawn(sys.executable, [str(script), str(tmp_path / "run"),
+                                           json.dumps(sample)],
+                          env=env, dimensions=(50, 160), timeout=60)
+    received = io.BytesIO()
+    child.logfile_read = received
+    try:
+        child.expect(re.escape(b"judge: t\\x1b]0;pwned"))
+        child.sendline("")
+        child.expect(b"step 2/2")
+        child.sendline("")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert_only_own_escapes(received.getvalue().decode("utf-8", errors="replace"))
+    raw = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert raw[0]["completion"] == sample["completion"]  # the file keeps the raw text
