@@ -353,6 +353,12 @@ class ExecConfig:
     build_memory_mb: int = opt(4096, "Address-space limit per compiler process (and the "
                                "resident limit of a whole build).", _pos)
     workers: int = opt(0, "Completions scored in parallel (0: number of cores).", _nonneg)
+    cache_size: int = opt(4096, "Answers whose results are kept across steps: a completion "
+                          "whose task and extracted code (trailing whitespace aside) were "
+                          "scored before gets that result without running (exec/served_frac). "
+                          "Never kept: timeouts, memory kills, sandbox errors. 0: off; set 0 "
+                          "where a reward reads the exec result's timing (details.seconds).",
+                          _nonneg)
     build_weight: float = opt(0.1, "Weight of the builds/parses part of the exec reward.", _unit)
     tests_weight: float = opt(0.9, "Weight of the tests part.", _unit)
     tests_credit: Literal["fraction", "all"] = opt(

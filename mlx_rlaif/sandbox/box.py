@@ -233,9 +233,12 @@ class Sandbox:
 
     def start(self, box: Box, argv: Sequence[str], limits: Limits, *, python_file: bool = False,
               stdin: IO[bytes] | None = None, keep_fds: Sequence[int] = (),
-              env: dict[str, str] | None = None) -> Running:
+              env: dict[str, str] | None = None, runs: dict | None = None,
+              program_dir: Path | None = None) -> Running:
         """Start `argv` in `box`. With `python_file`, argv[0] is a Python file run by our
-        interpreter (paths as seen inside the box). `keep_fds` stay open in the program."""
+        interpreter (paths as seen inside the box). `keep_fds` stay open in the program.
+        `runs` (runs.py) makes the launcher serve many runs of argv; `program_dir` is bound
+        read-only at runs.PROGRAM under bwrap."""
         # unnamed files (closed by Running.wait): nothing else can open them by path
         out, err, status, info = (tempfile.TemporaryFile() for _ in range(4))  # noqa: SIM115
         spec = {"status_fd": status.fileno(), "limits": limits.rlimits(), "uid": box.uid,
@@ -244,11 +247,15 @@ class Sandbox:
                 "supervise": self.mode != "bwrap",
                 "netns": self.mode == "process" and self.root and sys.platform.startswith("linux"),
                 "no_new_privs": self.mode == "process" and sys.platform.startswith("linux")}
+        if runs is not None:
+            spec["runs"] = runs
         if self.mode == "seatbelt" and box.uid is None:  # the profile forbids `ps` inside
             spec["processes_now"] = seatbelt.processes_of(os.getuid())
         cmd = [self.python, "-I", "-S", "-c", LAUNCHER, repr(spec)]
         if self.mode == "bwrap":  # bwrap writes the pid of the namespace's init to --info-fd
-            cmd = [*bwrap_args(self._ro, str(box.host)), "--info-fd", str(info.fileno()), *cmd]
+            prog = ["--ro-bind", str(program_dir), "/prog"] if program_dir is not None else []
+            cmd = [*bwrap_args(self._ro, str(box.host)), *prog, "--info-fd", str(info.fileno()),
+                   *cmd]
         elif self.mode == "seatbelt":
             cmd = seatbelt.command(self._profile, seatbelt.params(box.host, self._exec_dirs), cmd)
         try:

@@ -31,6 +31,7 @@ _LIMITS = {
 }
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_DUMPABLE = 4
 _CLONE_NEWNET = 0x40000000
 _SIGKILL, _SIGTERM = 9, 15
 
@@ -252,11 +253,257 @@ def _supervise(spec, status):
     os._exit(0)
 
 
+# --- one sandbox, many runs: the tests of a stdin/stdout program (box.py: run_each) ---------
+
+
+def _serve_runs(spec, status):
+    """Run the program once per request on the control socket, each run a fresh process.
+
+    A request is the message "T" with three fds (stdin, stdout, stderr: unnamed files the
+    trusted side made for this run alone). For each: fork the program onto those fds (own
+    limits, own process group, the sandbox uid), wait for it up to the wall limit, kill every
+    process left (`_sweep`), empty the working directories (`_wipe`), and only then answer one
+    message: `X code`, `S signal`, `T` (timed out) or `E why` (our failure). The program never
+    holds the control socket or another run's fds; this process is not dumpable, so a program
+    with its uid can neither ptrace it nor open its fds through /proc.
+    """
+    import _socket
+    import select
+    from array import array
+
+    ctrl = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, spec["runs"]["ctrl_fd"])
+    libc = _libc()
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if spec.get("netns"):  # one network namespace for all the runs (they never overlap)
+        if libc.unshare(_CLONE_NEWNET) != 0:
+            _say(status, f"E unshare(CLONE_NEWNET) failed: {os.strerror(_errno())}")
+            os._exit(121)
+        spec = {**spec, "netns": False}
+    _signal.signal(_SIGTERM, _on_term)
+    _say(status, "R")
+    try:
+        while True:
+            data, anc, _, _ = ctrl.recvmsg(64, _socket.CMSG_SPACE(3 * 4))
+            fds = array("i")
+            for level, kind, cdata in anc:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    fds.frombytes(cdata[: len(cdata) - len(cdata) % fds.itemsize])
+            if data != b"T" or len(fds) != 3:
+                for fd in fds:
+                    _try(os.close, fd)
+                break  # EOF (the trusted side is done) or a request we do not understand
+            since = _now()
+            verdict = _one_run(spec, list(fds), select)
+            _sweep(spec)
+            _wipe(spec, since)
+            ctrl.sendmsg([verdict.encode()])
+    except _Timeout:
+        pass
+    _signal.signal(_SIGTERM, _signal.SIG_IGN)
+    _sweep(spec)
+    os._exit(0)
+
+
+def _now():
+    import time
+
+    return time.time() - 1.0  # ctime has a coarse resolution: what a run made is newer
+
+
+def _one_run(spec, fds, select):
+    """Fork one run of the program on `fds` (stdin, stdout, stderr); its verdict line."""
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        _signal.signal(_SIGTERM, _signal.SIG_DFL)
+        os.close(r)
+        for i, fd in enumerate(fds):
+            os.dup2(fd, i)
+        if hasattr(resource, "RLIMIT_MSGQUEUE"):  # no POSIX message queue to leave behind
+            resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+        try:
+            _enter({**spec, "supervise": True, "keep_fds": []}, w)
+        except SystemExit as e:  # the program's own end (_run_python ends with sys.exit(0))
+            _finish(e.code)
+        except BaseException:  # noqa: BLE001 - as the interpreter reports an uncaught error
+            sys.excepthook(*sys.exc_info())
+            _finish(1)
+    _RUN[:] = [child]
+    os.close(w)
+    for fd in fds:
+        os.close(fd)
+    verdict = None
+    pidfd = os.pidfd_open(child)
+    try:
+        if not select.select([pidfd], [], [], spec["runs"]["timeout_s"])[0]:
+            _try(os.killpg, child, _SIGKILL)
+            _try(os.kill, child, _SIGKILL)
+            verdict = "T"
+        _, st = os.waitpid(child, 0)
+    finally:
+        os.close(pidfd)
+    with os.fdopen(r, "rb") as f:
+        lines = f.read(8192).decode(errors="replace").splitlines()
+    errors = [ln for ln in lines if ln.startswith("E ")]
+    if errors:
+        return errors[0]
+    if "R" not in lines:
+        return "E the run did not start"
+    if verdict is None:
+        verdict = f"S {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"X {os.WEXITSTATUS(st)}"
+    return verdict
+
+
+def _finish(code):
+    """End a forked Python run as the interpreter would (non-daemon threads joined, atexit
+    handlers, streams flushed, the exit code of SystemExit) without tearing down the modules
+    it inherited from us: that costs milliseconds per run."""
+    if code is None:
+        rc = 0
+    elif isinstance(code, int):
+        rc = code & 0xFF
+    else:
+        _try_print(code)
+        rc = 1
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            threading._shutdown()
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001
+        rc = rc or 1
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except BaseException:  # noqa: BLE001 - a closed or broken stream
+            rc = rc or 120
+    os._exit(rc)
+
+
+def _try_print(message):
+    try:  # noqa: SIM105 - contextlib costs an import per run
+        print(message, file=sys.stderr)
+    except BaseException:  # noqa: BLE001
+        pass
+
+
+_RUN = []  # the pid of the run in progress (its process group), once forked
+
+
+def _sweep(spec):
+    """Kill every process the last run left, and reap them: in bwrap's pid namespace all of
+    them but us (kill -1 there reaches nothing outside); as root every process of the sandbox
+    uid; else every descendant. We are a child subreaper and every process of a run descends
+    from it, so when no child of ours is left, nothing of the run is."""
+    if not _reap():
+        _RUN.clear()
+        return
+    if spec["runs"]["pidns"]:
+        me = os.getpid()
+        for _ in range(50):
+            _try(os.kill, -1, _SIGKILL)
+            _reap()
+            if not [p for p in _live_pids() if p not in (1, me)]:
+                return
+    elif spec.get("uid") is not None:
+        _kill_uid(spec["uid"], spec["gid"])
+    if _RUN:
+        _kill_descendants(_RUN.pop())
+    _reap()
+
+
+def _live_pids():
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        out.append(int(pid))
+            except (OSError, IndexError):
+                continue
+    return out
+
+
+def _wipe(spec, since):
+    """Empty what the next run could read of this one: the box (its working directory and
+    HOME), in bwrap the sandbox's private /tmp and /dev/shm, as root what the sandbox uid left
+    in the host's /tmp, /var/tmp and /dev/shm since `since`; and the System V IPC objects it
+    made. Every process of the run is gone: nothing races with this."""
+    runs = spec["runs"]
+    for d in runs["wipe"]:
+        _empty(d)
+    uid = spec.get("uid")
+    if runs["shared_dirs"] and uid is not None:
+        for d in runs["shared_dirs"]:
+            _empty(d, uid, since, runs["keep"])
+    if runs["pidns"] or uid is not None:
+        _remove_ipc(None if runs["pidns"] else uid)
+
+
+def _empty(d, uid=None, since=None, keep=()):
+    try:
+        entries = list(os.scandir(d))
+    except OSError:
+        return
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+            if uid is not None and (st.st_uid != uid or st.st_ctime < since or e.path in keep):
+                continue
+            if e.is_dir(follow_symlinks=False):
+                _rmtree(e.path)
+            else:
+                os.unlink(e.path)
+        except OSError:
+            continue
+
+
+def _rmtree(path):
+    import shutil
+
+    def fix(func, p, _exc):  # a run may leave directories without write permission
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=fix)
+    else:
+        shutil.rmtree(path, onerror=fix)
+
+
+def _remove_ipc(uid):
+    """Remove the System V shared memory, message queues and semaphores (of `uid`; None: all
+    of this IPC namespace, bwrap's own)."""
+    found = []
+    for kind, owner in (("shm", 7), ("msg", 7), ("sem", 4)):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                rows = [ln.split() for ln in f.read().splitlines()[1:]]
+        except OSError:
+            continue
+        found += [(kind, int(r[1])) for r in rows if uid is None or int(r[owner]) == uid]
+    if found:
+        libc = _libc()
+        for kind, ident in found:  # IPC_RMID = 0
+            getattr(libc, f"{kind}ctl")(ident, *((0, 0) if kind == "sem" else (0,)), None)
+
+
 def main():
     # the spec is a Python literal that box.py wrote (repr of a dict of str, int, bool, None,
     # lists): no names are available to it, and importing json would cost milliseconds per run
     spec = eval(sys.argv[1], {"__builtins__": {}}, {})
     status = spec["status_fd"]
+    if spec.get("runs"):
+        _serve_runs(spec, status)
     if spec.get("supervise"):
         _supervise(spec, status)
     _enter(spec, status)

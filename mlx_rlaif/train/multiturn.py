@@ -59,7 +59,8 @@ def responder(reward_fn: Any, tokenizer: Any, gen: Any, chat_template: bool
 
     def respond(turn: int, rollouts: list[Rollout]) -> list[Reply]:
         visible = [split_tests(r.task, gen.visible_tests)[0] for r in rollouts]
-        verdicts = scorer.score(visible, [r.text for r in rollouts])
+        # every visible test's report, even where tests_credit: all stops at the first failure
+        verdicts = scorer.score(visible, [r.text for r in rollouts], every_test=True)
         replies = []
         for task, v in zip(visible, verdicts, strict=True):
             passed = v.value is not None and all_passed(v)

@@ -12,8 +12,15 @@ Task formats (docs/task-formats.md):
   of `check` that contains an `assert` is one test unit (so partial credit exists); all units pass
   exactly when the original `check` passes.
 - function calls: `entry_point` and `tests: [{"args": [...], "expected": ...}]` (Python).
-- programs: `tests: [{"stdin": "...", "stdout": "..."}]` (Python, C++, Rust), one run per test;
+- programs: `tests: [{"stdin": "...", "stdout": "..."}]` (Python, C++, Rust): one sandbox, a fresh
+  process per test (mlx_rlaif/sandbox/runs.py);
   after a test times out the rest are not run (they count as timeouts).
+With `tests_credit: all` the first failing test decides the reward, so a completion's tests stop
+there (the rest reported as `not_run`, counted as failed in `parts["tests"]`); multi-turn
+feedback asks for every visible test (`score(..., every_test=True)`). Each distinct answer runs
+once: completions of the same task with the same extracted code (trailing whitespace aside)
+share one result, within a call, across groups in flight, and across steps through a bounded
+cache (`reward.exec.cache_size`; `details["served"]` says which; `exec/served_frac`).
 A Python completion that does not define `entry_point` is appended to the prompt when the prompt
 is itself code (completion style, as in HumanEval); one that does gets the prompt's imports. The
 task's `preamble` goes before the program. An entry point `Class.method` is that method of one
@@ -42,6 +49,7 @@ comparisons, the Reward); harness.py is the code that runs inside the sandboxes.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -50,8 +58,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +70,7 @@ from ...config import ExecConfig
 from ...errors import ConfigError
 from ...records import Reward, Task, extract_code
 from ...sandbox import Box, Limits, Running, Sandbox, SandboxError
+from ...sandbox.runs import run_each
 from . import harness as wire
 from .tasks import (
     Unscorable,
@@ -180,28 +190,70 @@ class ExecReward:
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="exec-reward")
         self._lock = threading.Lock()
         self._counts = {"completions": 0, "unscorable": 0, "timeouts": 0, "build_errors": 0,
-                        "seconds": 0.0}
+                        "seconds": 0.0, "shared": 0, "cached": 0}
+        self._cache = Answers(cfg.cache_size)
 
     # RewardFn ------------------------------------------------------------------------------
 
-    def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[Reward]:
+    def score(self, tasks: Sequence[Task], completions: Sequence[str], *,
+              every_test: bool = False) -> list[Reward]:
+        """The rewards of `completions` on `tasks`. Each distinct answer (task, extracted code)
+        runs once: a copy scored in this call or in flight (another group) shares its result,
+        and one scored before comes from the bounded cache (`reward.exec.cache_size`).
+        `every_test`: run every test even where `tests_credit: all` has its answer at the
+        first failure (multi-turn feedback reports them all)."""
         if len(tasks) != len(completions):
             raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
-        return list(self._pool.map(self.score_one, tasks, completions))
+        stop = self.cfg.tests_credit == "all" and not every_test
+        futures = [self._answer(t, c, stop) for t, c in zip(tasks, completions, strict=True)]
+        return [f.result() for f in futures]
+
+    def _answer(self, task: Task, completion: str, stop: bool) -> Future[Reward]:
+        """A future of the reward: the cached one, the one in flight, or a new run."""
+        key = answer_key(task, completion, stop)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._counts["completions"] += 1
+                self._counts["cached"] += 1
+                done: Future[Reward] = Future()
+                done.set_result(served(hit, "cached"))
+                return done
+            shared = self._cache.inflight.get(key)
+            if shared is not None:
+                self._counts["completions"] += 1
+                self._counts["shared"] += 1
+                return _then(shared, lambda r: served(r, "shared"))
+            future = self._pool.submit(self.score_one, task, completion, stop)
+            self._cache.inflight[key] = future
+        future.add_done_callback(lambda f: self._settle(key, f))
+        return future
+
+    def _settle(self, key: str, future: Future[Reward]) -> None:
+        with self._lock:
+            self._cache.inflight.pop(key, None)
+            if not future.cancelled() and future.exception() is None:
+                self._cache.put(key, future.result())
 
     def metrics(self) -> dict[str, float]:
         with self._lock:
-            return {f"exec/{k}": float(v) for k, v in self._counts.items()}
+            out = {f"exec/{k}": float(v) for k, v in self._counts.items()}
+        out["exec/served_frac"] = (out["exec/shared"] + out["exec/cached"]) / max(
+            out["exec/completions"], 1.0)
+        return out
+
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
     # one completion ---------------------------------------------------------------------------
 
-    def score_one(self, task: Task, completion: str) -> Reward:
+    def score_one(self, task: Task, completion: str, stop: bool = False) -> Reward:
+        """One completion's reward, run in the sandbox; `stop`: its tests end at the first
+        failure (the rest reported as not run), where that failure already decides it."""
         t0 = time.monotonic()
         try:
-            reward = self._score(task, completion)
+            reward = self._score(task, completion, stop)
         except (Unscorable, SandboxError) as e:
             reward = Reward(None, {"builds": None, "tests": None}, f"unscorable: {e}",
                             {"sandbox": self.sandbox.mode})
@@ -222,7 +274,7 @@ class ExecReward:
             c["build_errors"] += reward.parts.get("builds") == 0.0
             c["seconds"] += seconds
 
-    def _score(self, task: Task, completion: str) -> Reward:
+    def _score(self, task: Task, completion: str, stop: bool = False) -> Reward:
         fmt = task_format(task)
         tc = self.toolchains.get(task.language)
         if tc is None:
@@ -245,9 +297,9 @@ class ExecReward:
             elif fmt == "humaneval":
                 results = self._humaneval(box, task)
             elif fmt == "calls":
-                results = self._calls(box, task)
+                results = self._calls(box, task, stop)
             else:
-                results = self._stdio(box, task, tc)
+                results = self._stdio(box, task, tc, stop)
         details = {"format": fmt, "language": task.language, "sandbox": self.sandbox.mode,
                    "seconds": round(time.monotonic() - t0, 3)}
         if build_error is not None:
@@ -320,7 +372,7 @@ class ExecReward:
 
     # function calls compared in the trainer ----------------------------------------------------
 
-    def _calls(self, box: Box, task: Task) -> list[dict]:
+    def _calls(self, box: Box, task: Task, stop: bool = False) -> list[dict]:
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
         harness = box.write("harness.py", HARNESS)
@@ -342,6 +394,8 @@ class ExecReward:
                 if reader.dead:
                     why = "timeout" if reader.timed_out else "crash"
                     results.append(result(f"test {i}", False, why, f"not run: {reader.dead}"))
+                elif stop and results and not results[-1]["passed"]:
+                    results.append(not_run(i))
                 else:
                     results.append(self._one_call(i, t, req_w, reader))
         finally:
@@ -380,27 +434,98 @@ class ExecReward:
                        f"args {short(args)}: expected {short(test['expected'])}, "
                        f"got {short(value)}", got=short(value))
 
-    # programs: stdin -> stdout, one run per test -----------------------------------------------
+    # programs: stdin -> stdout, one sandbox, one run per test (sandbox/runs.py) ----------------
 
-    def _stdio(self, box: Box, task: Task, tc: Toolchain) -> list[dict]:
-        if tc.compiler is None:
-            argv, py = [f"{box.inside}/{_SOURCE['python']}"], True
-        else:
-            argv, py = [f"{box.inside}/prog"], False
+    def _stdio(self, box: Box, task: Task, tc: Toolchain, stop: bool = False) -> list[dict]:
+        program, py = (_SOURCE["python"], True) if tc.compiler is None else ("prog", False)
+        stdins = [str(t.get("stdin", "")).encode() for t in task.tests]
         results: list[dict] = []
-        timed_out = False
-        for i, t in enumerate(task.tests):
-            name = f"test {i}"
-            if timed_out:
-                results.append(result(name, False, "timeout", "not run: an earlier test timed out"))
-                continue
-            with tempfile.TemporaryFile() as stdin:
-                stdin.write(str(t.get("stdin", "")).encode())
-                stdin.seek(0)
-                r = self.sandbox.run(box, argv, self._limits(), python_file=py, stdin=stdin)
-            results.append(judge_output(name, r, str(t["stdout"])))
-            timed_out = r.timed_out
+        rest = None
+        runs = run_each(self.sandbox, box, program, stdins, self._limits(), python_file=py)
+        try:
+            for i, r in enumerate(runs):
+                results.append(judge_output(f"test {i}", r, str(task.tests[i]["stdout"])))
+                if r.timed_out:
+                    rest = "timeout"
+                    break
+                if stop and not results[-1]["passed"]:
+                    rest = "not_run"
+                    break
+        finally:
+            runs.close()
+        for i in range(len(results), len(task.tests)):
+            results.append(not_run(i) if rest == "not_run" else result(
+                f"test {i}", False, "timeout", "not run: an earlier test timed out"))
         return results
+
+
+# --- each distinct answer once -------------------------------------------------------------------
+
+
+class Answers:
+    """The bounded (task, code) -> Reward cache (least recently used out) and the answers in
+    flight. Only results that cannot depend on timing are kept: none that could not be scored
+    (None: a sandbox error of ours), none where a test timed out or memory ran out."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._lru: OrderedDict[str, Reward] = OrderedDict()
+        self.inflight: dict[str, Future[Reward]] = {}
+
+    def get(self, key: str) -> Reward | None:
+        hit = self._lru.get(key)
+        if hit is not None:
+            self._lru.move_to_end(key)
+        return hit
+
+    def put(self, key: str, reward: Reward) -> None:
+        if self.size <= 0 or not cacheable(reward):
+            return
+        self._lru[key] = reward
+        self._lru.move_to_end(key)
+        while len(self._lru) > self.size:
+            self._lru.popitem(last=False)
+
+
+def cacheable(reward: Reward) -> bool:
+    tests = reward.details.get("tests") or []
+    return reward.value is not None and not any(
+        t["reason"] == "timeout" or "resident memory" in t["message"] for t in tests)
+
+
+def answer_key(task: Task, completion: str, stop: bool) -> str:
+    """What decides a reward: the task's code-facing fields, the extracted code with trailing
+    whitespace normalized, and whether the tests stop at the first failure."""
+    code = "\n".join(ln.rstrip() for ln in extract_code(completion, task.language).splitlines())
+    fields = [task.language, task.prompt, task.entry_point, task.test, list(task.tests),
+              task.preamble, code.rstrip("\n"), stop]
+    return hashlib.sha256(_dumps(fields).encode()).hexdigest()
+
+
+def served(reward: Reward, how: str) -> Reward:
+    """A copy of `reward` for another completion with the same answer (`how`: shared, cached)."""
+    return Reward(reward.value, dict(reward.parts), reward.reason,
+                  {**reward.details, "served": how})
+
+
+def _then(future: Future[Reward], fn: Callable[[Reward], Reward]) -> Future[Reward]:
+    out: Future[Reward] = Future()
+
+    def done(f: Future[Reward]) -> None:
+        if f.cancelled():
+            out.cancel()
+        elif f.exception() is not None:
+            out.set_exception(f.exception())
+        else:
+            out.set_result(fn(f.result()))
+
+    future.add_done_callback(done)
+    return out
+
+
+def not_run(i: int) -> dict:
+    return result(f"test {i}", False, "not_run",
+                  "not run: an earlier test failed (tests_credit: all)")
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -479,4 +604,4 @@ def _close(*fds: int) -> None:
 def _dumps(obj: Any) -> str:
     import json
 
-    return json.dumps(obj)
+    return json.dumps(obj, default=repr)

@@ -1,0 +1,234 @@
+"""One program, many runs, one sandbox start: the tests of a stdin/stdout program (`run_each`).
+
+The program (a Python file, or a binary built in the box) is copied out of the box into a
+program directory of its own, read-only to the runs. One sandbox starts, whose launcher serves
+runs (launcher.py, `_serve_runs`): for each test the trusted side here makes three unnamed files
+(stdin holding the test's input, empty stdout and stderr), sends their fds over a socket pair, and
+the launcher forks the program onto them as a fresh process with its own limits (CPU time,
+address space, files, processes: rlimits are per process), in its own process group, as the
+sandbox uid, with nothing else open. When it ends, or at the wall limit, the launcher kills every
+process the run left, empties the working directories, and only then answers with the exit
+status; the output is read from our own files and compared by trusted code (the exec reward).
+
+Why nothing of one test reaches the next one's input, output or verdict, per mode:
+- input and output: each run's three files are made here for it alone and exist nowhere by
+  path; a later run gets new ones. Only the launcher ever holds a run's fds besides the run; it
+  is not dumpable (no ptrace, no /proc/<pid>/fd of it for a process with its uid) and the
+  program never holds the control socket, so it cannot send, forge or read a message of the
+  protocol: there is no in-band framing, and nothing the program prints is parsed as one.
+- processes: the next run starts only after every process of this one is dead. bwrap: the
+  launcher kills every process of the sandbox's pid namespace but itself (`kill(-1)` there
+  cannot reach outside), until none is left. process mode: as root, every process of the
+  sandbox uid (a helper with that uid signals -1), else every descendant (the launcher is a
+  child subreaper: a double-forked, `setsid` daemon is still its descendant). A daemon could
+  otherwise write into the next run's stdout through /proc.
+- files: the program and its source live outside the box, read-only (bwrap: bound read-only
+  at /prog; as root: owned by root); between runs the launcher empties the box (each run's
+  working directory and HOME), in bwrap also the sandbox's private /tmp and /dev/shm, as root in
+  process mode what the sandbox uid made in the host's /tmp, /var/tmp and /dev/shm during the
+  run. System V IPC objects are removed (bwrap: all of its own IPC namespace; process mode as
+  root: the sandbox uid's); POSIX message queues cannot be made (RLIMIT_MSGQUEUE 0).
+- a run that takes the sandbox down with it (the memory watchdog, or a program that kills its
+  launcher: with bwrap as non-root they share a uid) is that test's failure; the remaining
+  tests run in a fresh sandbox, so the tests that run are the ones that ran one sandbox each.
+- seatbelt, and any platform without /proc and pidfds: macOS has no subreaper and no pid
+  namespace, so a daemon that leaves its process group cannot be found; there each test keeps
+  a sandbox of its own (as before), and between tests the box is emptied here and the program
+  written into it again (the profile lets a run read the box, not another directory).
+
+Not covered: process mode as non-root (the program has our uid: it can write anything we can,
+/tmp included, so a later test may read what an earlier one left outside the box: documented
+in box.py); Linux keyrings and other per-user kernel state.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import stat
+import sys
+import tempfile
+import time
+from array import array
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from .box import Box, Limits, Running, RunResult, Sandbox, SandboxError, _head, _rmtree, _wait_until
+from .modes import SHARED_DIRS
+
+PROGRAM = "/prog"  # the program directory inside bwrap
+GRACE_S = 2.0  # our own deadline past the launcher's wall limit, before we kill the sandbox
+
+
+def reuses_sandbox(sb: Sandbox) -> bool:
+    """Whether one sandbox serves many runs here (Linux bwrap or process mode)."""
+    return (sys.platform.startswith("linux") and sb.mode in ("bwrap", "process")
+            and hasattr(os, "pidfd_open"))
+
+
+def run_each(sb: Sandbox, box: Box, program: str, stdins: Sequence[bytes], limits: Limits, *,
+             python_file: bool = False) -> Iterator[RunResult]:
+    """Run `program` (a file in the box, built or written there) once per input, yielding each
+    run's result as it ends; closing the iterator early stops the runs left."""
+    data = read_program(box, program)
+    if not reuses_sandbox(sb):
+        yield from _one_sandbox_each(sb, box, program, data, stdins, limits, python_file)
+        return
+    with program_dir(sb, program, data) as (host_dir, inside):
+        i = 0
+        while i < len(stdins):
+            session = Session(sb, box, inside, host_dir, limits, python_file)
+            try:
+                alive = True
+                while alive and i < len(stdins):
+                    r, alive = session.test(stdins[i])
+                    i += 1
+                    yield r
+            finally:
+                session.close()
+
+
+def read_program(box: Box, name: str) -> bytes:
+    """The program the build left in the box: a regular file, never a link's target."""
+    try:
+        fd = os.open(box.host / name, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise SandboxError(f"cannot read the program {name} from the box: {e}") from e
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise SandboxError(f"the program {name} in the box is not a regular file")
+        return f.read()
+
+
+@contextmanager
+def program_dir(sb: Sandbox, name: str, data: bytes) -> Iterator[tuple[Path, str]]:
+    """A fresh directory holding the program, which the runs can read but not change; yields
+    (its host directory, the program's path as the runs see it)."""
+    try:
+        host = Path(tempfile.mkdtemp(prefix="mlx-rlaif-prog-"))
+    except OSError as e:
+        raise SandboxError(f"cannot create a program directory: {e}") from e
+    try:
+        path = host / name
+        path.write_bytes(data)
+        path.chmod(_mode(name))
+        host.chmod(0o755)
+        inside = f"{PROGRAM}/{name}" if sb.mode == "bwrap" else str(path)
+        yield host, inside
+    finally:
+        shutil.rmtree(host, ignore_errors=True)
+
+
+def _mode(name: str) -> int:
+    return 0o444 if name.endswith(".py") else 0o555
+
+
+def _one_sandbox_each(sb: Sandbox, box: Box, name: str, program: bytes, stdins: Sequence[bytes],
+                      limits: Limits, python_file: bool) -> Iterator[RunResult]:
+    """A sandbox per run (seatbelt): before each, the box emptied and the program written
+    again (a run may have changed it: the box is writable, and a profile that reads only the
+    box and the toolchains reads no other directory)."""
+    for data in stdins:
+        empty(box.host)
+        inside = box.write(name, program, _mode(name))
+        with tempfile.TemporaryFile() as stdin:
+            stdin.write(data)
+            stdin.seek(0)
+            r = sb.run(box, [inside], limits, python_file=python_file, stdin=stdin)
+        yield r
+
+
+def empty(d: Path) -> None:
+    """Remove everything in directory `d` (links themselves, never their targets)."""
+    for entry in os.scandir(d):
+        if entry.is_dir(follow_symlinks=False):
+            _rmtree(Path(entry.path))
+        else:
+            Path(entry.path).unlink(missing_ok=True)
+
+
+class Session:
+    """One sandbox serving runs of one program (launcher.py `_serve_runs`)."""
+
+    def __init__(self, sb: Sandbox, box: Box, inside: str, host_dir: Path, limits: Limits,
+                 python_file: bool):
+        self.limits = limits
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        root_process = sb.mode == "process" and box.uid is not None
+        runs = {"ctrl_fd": theirs.fileno(), "timeout_s": limits.timeout_s,
+                "pidns": sb.mode == "bwrap",
+                "wipe": [box.inside, "/tmp", "/dev/shm"] if sb.mode == "bwrap" else [box.inside],
+                "shared_dirs": list(SHARED_DIRS) if root_process else [],
+                "keep": [str(box.host)]}
+        # the session's own wall limit is ours to keep (per test, below): Running's is not used
+        whole = replace(limits, timeout_s=1e9)
+        try:
+            self.run: Running = sb.start(box, [inside], whole, python_file=python_file,
+                                         keep_fds=(theirs.fileno(),), runs=runs,
+                                         program_dir=host_dir)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.dead = False
+
+    def test(self, stdin: bytes) -> tuple[RunResult, bool]:
+        """One run on `stdin`: its result, and whether the sandbox can serve another."""
+        files = [tempfile.TemporaryFile() for _ in range(3)]  # noqa: SIM115
+        try:
+            files[0].write(stdin)
+            files[0].seek(0)
+            t0 = time.monotonic()
+            try:
+                self.sock.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                            array("i", [f.fileno() for f in files]))])
+                ready = select.select([self.sock], [], [],
+                                      self.limits.timeout_s + GRACE_S)[0]
+                answer = self.sock.recv(4096) if ready else None
+            except OSError:
+                ready, answer = [True], b""  # the launcher is gone
+            duration = time.monotonic() - t0
+            if answer is None or not answer:
+                return self._lost(files, duration, timed_out=answer is None), False
+            return self._result(answer.decode(errors="replace"), files, duration), True
+        finally:
+            for f in files:
+                f.close()
+
+    def _result(self, answer: str, files: list, duration: float) -> RunResult:
+        kind, _, n = answer.partition(" ")
+        if kind == "E":
+            self.close()
+            raise SandboxError(n or "the sandbox failed")
+        out, t1 = _head(files[1], self.limits.output_bytes)
+        err, t2 = _head(files[2], self.limits.output_bytes)
+        code = int(n) if kind == "X" else None
+        sig = int(n) if kind == "S" else None
+        return RunResult(code, sig, kind == "T", out, err, t1 or t2, duration)
+
+    def _lost(self, files: list, duration: float, timed_out: bool) -> RunResult:
+        """The sandbox ended or hung during a run: its watchdog, our deadline, or the program
+        took it down. A sandbox that never started is our failure (SandboxError)."""
+        self.close(kill=True)  # raises SandboxError when the sandbox never started
+        out, t1 = _head(files[1], self.limits.output_bytes)
+        err, t2 = _head(files[2], self.limits.output_bytes)
+        over = self.run.killed_rss is not None
+        return RunResult(None, None if timed_out else signal.SIGKILL, timed_out and not over,
+                         out, err, t1 or t2, duration, over)
+
+    def close(self, kill: bool = False) -> None:
+        """End the session: the launcher sweeps and exits when the socket closes."""
+        if self.dead:
+            return
+        self.dead = True
+        self.sock.close()
+        if kill or not _wait_until(self.run.proc, time.monotonic() + 5.0):
+            self.run.stop()
+        self.run.wait()

@@ -1,0 +1,245 @@
+"""One sandbox, one fresh process per test (mlx_rlaif/sandbox/runs.py): each isolation guarantee
+between the tests of one completion, tried by a hostile program, in `process` mode and, where
+bubblewrap works, `bwrap` mode.
+
+The hostile program is the same for every test (as a completion's program is): its stdin says
+which test it is. Test 0 attacks (a daemon left behind, files left in every writable place,
+System V IPC objects, the output pipe held open, forged protocol messages, a stopped or killed
+launcher), later tests report what they see; the trusted side must see only what each run
+printed itself.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from test_sandbox import BWRAP_SKIP, assert_gone
+
+from mlx_rlaif.sandbox import Limits, RunResult, Sandbox, SandboxError
+from mlx_rlaif.sandbox.runs import reuses_sandbox, run_each
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the guarantees tried here are Linux's (runs.py)")
+FAST = Limits(timeout_s=3.0, cpu_s=3, memory_mb=512, file_size_mb=4, open_files=64,
+              processes=16, output_bytes=1 << 16)
+
+
+@pytest.fixture(scope="module", params=["process", "bwrap"])
+def sb(request: pytest.FixtureRequest) -> Sandbox:
+    if request.param == "bwrap" and BWRAP_SKIP:
+        pytest.skip(BWRAP_SKIP)
+    return Sandbox(request.param, slots=4, uid_base=64200)
+
+
+def run(sb: Sandbox, code: str, stdins: list[str], limits: Limits = FAST) -> list[RunResult]:
+    with sb.box() as box:
+        box.write("main.py", code)
+        return list(run_each(sb, box, "main.py", [s.encode() for s in stdins], limits,
+                             python_file=True))
+
+
+def test_one_sandbox_serves_every_test_as_a_fresh_process(sb: Sandbox) -> None:
+    code = ("import os, sys\nn = int(input())\nprint(n * 2, os.getpid() > 0)\n"
+            "print('err', n, file=sys.stderr)\nsys.exit(n % 3)\n")
+    out = run(sb, code, [f"{i}\n" for i in range(7)])
+    assert [r.stdout for r in out] == [f"{2 * i} True\n".encode() for i in range(7)]
+    assert [r.stderr for r in out] == [f"err {i}\n".encode() for i in range(7)]
+    assert [r.exit_code for r in out] == [i % 3 for i in range(7)]
+    assert reuses_sandbox(sb)
+
+
+def test_timeouts_cpu_and_exceptions_are_per_run(sb: Sandbox) -> None:
+    code = ("import sys, time\nn = int(input())\n"
+            "if n == 0:\n    time.sleep(600)\n"
+            "if n == 1:\n    while True:\n        pass\n"
+            "if n == 2:\n    raise KeyError('boom')\n"
+            "if n == 3:\n    sys.exit('bye')\n"
+            "print('ok', n)\n")
+    limits = Limits(timeout_s=4.0, cpu_s=1, output_bytes=4096)  # 1 s of CPU: a loaded machine
+    t0 = time.monotonic()
+    slow, spin, raised, message, ok = run(sb, code, ["0", "1", "2", "3", "4"], limits)
+    assert slow.timed_out and slow.exit_code is None
+    assert not spin.timed_out and spin.signal is not None  # SIGXCPU/SIGKILL: its own CPU budget
+    assert raised.exit_code == 1 and b"KeyError: 'boom'" in raised.stderr
+    assert message.exit_code == 1 and message.stderr == b"bye\n"
+    assert ok.ok and ok.stdout == b"ok 4\n"
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_daemon_left_behind_is_killed_before_the_next_test(sb: Sandbox) -> None:
+    """Test 0 leaves a setsid daemon that keeps writing into every stdout it can reach through
+    /proc and killing every process it may (the next test's included), and holds its own
+    stdout open."""
+    token = secrets.token_hex(8)
+    code = ("import os, sys, time\nn = int(input())\n"
+            "if n == 0:\n"
+            "    main = os.getpid()\n"
+            "    if os.fork() == 0:\n        os.setsid()\n"
+            "        if os.fork() == 0:\n"
+            f"            sys.argv[0] = '{token}'\n"
+            "            while True:\n"
+            "                for p in os.listdir('/proc'):\n"
+            "                    if not p.isdigit() or int(p) in (os.getpid(), main):\n"
+            "                        continue\n"
+            "                    try:\n"
+            "                        fd = os.open(f'/proc/{p}/fd/1', os.O_WRONLY | os.O_APPEND)\n"
+            "                        os.write(fd, b'FORGED\\n'); os.close(fd)\n"
+            "                    except OSError:\n                        pass\n"
+            "                    try:\n                        os.kill(int(p), 9)\n"
+            "                    except OSError:\n                        pass\n"
+            "                print('daemon', flush=True)\n"
+            "                time.sleep(0.01)\n"
+            "        os._exit(0)\n"
+            "    time.sleep(0.2)\n"
+            "    print('first')\n"
+            "else:\n    time.sleep(0.5)\n    print('second', n)\n")
+    first, second, third = run(sb, code, ["0", "1", "2"])
+    assert first.ok and b"first" in first.stdout
+    assert second.stdout == b"second 1\n" and third.stdout == b"second 2\n"
+    assert first.duration_s < 2.5  # the held pipe does not keep the run open: no pipe at all
+    assert_gone(token)
+
+
+def test_files_left_for_the_next_test_are_gone(sb: Sandbox) -> None:
+    token = secrets.token_hex(8)
+    places = ["", "~/", "/tmp/", "/dev/shm/", "/var/tmp/"]
+    code = ("import os, sys\nn = int(input())\n"
+            f"places = [os.path.expanduser(p) + '{token}' for p in {places!r}]\n"
+            "if n == 0:\n"
+            "    for p in places:\n"
+            "        try:\n"
+            "            open(p, 'w').write('left')\n"
+            "            os.makedirs(p + '.d/x', exist_ok=True); os.chmod(p + '.d', 0)\n"
+            "            print('wrote', p)\n"
+            "        except OSError as e:\n            print('could not', p, e)\n"
+            "    print(sorted(os.listdir('.')))\n"
+            "    try:\n        open(sys.argv[0], 'a').write('\\nprint(\"PATCHED\")\\n')\n"
+            "        print('patched the program')\n"
+            "    except OSError as e:\n        print('program read-only', e.errno)\n"
+            "else:\n"
+            "    print('seen', [p for p in places if os.path.exists(p)], os.listdir('.'))\n")
+    first, second = run(sb, code, ["0", "1"])
+    assert first.ok, first.stderr
+    assert b"wrote " in first.stdout and b"program read-only" in first.stdout, first.stdout
+    shared = ["/var/tmp/", "/tmp/", "/dev/shm/"]  # the host's, in process mode
+    if sb.mode == "process" and sb.root:
+        shared = []
+    elif sb.mode == "bwrap":
+        shared = ["/var/tmp/"]  # bwrap binds no /var: test 0 could not write there
+    leftover = [p for p in shared if f"{p}{token}".encode() in second.stdout]
+    if sb.mode == "process" and not sb.root:
+        pytest.skip("process mode as non-root: files outside the box are not covered")
+    assert second.stdout == b"seen [] []\n", (second.stdout, leftover)
+    assert b"PATCHED" not in second.stdout
+
+
+def test_system_v_ipc_and_message_queues_do_not_carry_over(sb: Sandbox) -> None:
+    if sb.mode == "process" and not sb.root:
+        pytest.skip("process mode as non-root: IPC objects of our uid are not covered")
+    key = secrets.randbelow(1 << 30) + 1
+    code = ("import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\nn = int(input())\n"
+            f"key = {key}\n"
+            "if n == 0:\n"
+            "    print('shm', libc.shmget(key, 4096, 0o1666) >= 0)\n"
+            "    print('msg', libc.msgget(key, 0o1666) >= 0)\n"
+            "    print('sem', libc.semget(key, 1, 0o1666) >= 0)\n"
+            "    mq = libc.mq_open(b'/mlxrlaif%d' % key, 0o100 | 2, 0o666, None)\n"
+            "    print('mq', mq >= 0)\n"
+            "else:\n"
+            "    print('found', [libc.shmget(key, 0, 0) >= 0, libc.msgget(key, 0) >= 0,\n"
+            "                    libc.semget(key, 0, 0) >= 0,\n"
+            "                    libc.mq_open(b'/mlxrlaif%d' % key, 2) >= 0])\n")
+    first, second = run(sb, code, ["0", "1"])
+    assert first.ok, first.stderr
+    assert b"shm True" in first.stdout and b"mq False" in first.stdout, first.stdout
+    assert second.stdout == b"found [False, False, False, False]\n", second.stdout
+
+
+def test_forged_protocol_messages_change_nothing(sb: Sandbox) -> None:
+    """The program writes the launcher's answers and our status lines everywhere it can: into
+    its output and into every fd number it might have inherited; the verdict is its own."""
+    code = ("import os, socket, sys\nn = int(input())\n"
+            "for line in ['X 0', 'T', 'E boom', 'R', 'S 9', 'K']:\n"
+            "    print(line); print(line, file=sys.stderr)\n"
+            "    for fd in range(3, 256):\n"
+            "        try:\n            os.write(fd, (line + '\\n').encode())\n"
+            "        except OSError:\n            pass\n"
+            "        try:\n"
+            "            socket.socket(fileno=fd).send(line.encode())\n"
+            "        except OSError:\n            pass\n"
+            "sys.exit(3 + n)\n")
+    out = run(sb, code, ["0", "1", "2"])
+    assert [r.exit_code for r in out] == [3, 4, 5]
+    assert all(not r.timed_out and r.signal is None for r in out)
+
+
+def test_a_stopped_or_killed_launcher_fails_only_that_test(sb: Sandbox) -> None:
+    """A program that stops or kills its parent (the launcher, where it may: same uid) loses
+    that test; the next tests run in a fresh sandbox."""
+    code = ("import os, signal, time\nn = int(input())\n"
+            "if n == 0:\n    os.kill(os.getppid(), signal.SIGSTOP)\n    time.sleep(5)\n"
+            "if n == 1:\n    os.kill(os.getppid(), signal.SIGKILL)\n    time.sleep(5)\n"
+            "print('ok', n)\n")
+    limits = Limits(timeout_s=1.0, output_bytes=4096)
+    out = run(sb, code, ["0", "1", "2", "3"], limits)
+    assert [r.stdout for r in out[2:]] == [b"ok 2\n", b"ok 3\n"]
+    for r in out[:2]:
+        assert not r.ok
+
+
+def test_memory_watchdog_kills_one_test_and_the_rest_run(sb: Sandbox) -> None:
+    code = ("import time\nn = int(input())\n"
+            "if n == 0:\n    x = bytearray(200 << 20)\n"
+            "    for i in range(0, len(x), 4096):\n        x[i] = 1\n    time.sleep(5)\n"
+            "print('ok', n)\n")
+    limits = Limits(timeout_s=4.0, memory_mb=512, rss_mb=96, output_bytes=4096)
+    over, ok = run(sb, code, ["0", "1"], limits)
+    assert over.over_memory and not over.ok
+    assert ok.ok and ok.stdout == b"ok 1\n"
+
+
+def test_output_capped_per_run_and_closing_early_stops(sb: Sandbox) -> None:
+    code = "import sys\nn = int(input())\nsys.stdout.write('x' * (n * 40000))\n"
+    limits = Limits(output_bytes=50000)
+    with sb.box() as box:
+        box.write("main.py", code)
+        runs = run_each(sb, box, "main.py", [b"1", b"2", b"3"], limits, python_file=True)
+        first, second = next(runs), next(runs)
+        runs.close()  # the third never runs; the sandbox is gone
+    assert (len(first.stdout), first.truncated) == (40000, False)
+    assert (len(second.stdout), second.truncated) == (50000, True)
+
+
+def test_a_program_that_is_not_a_file_is_our_error(sb: Sandbox) -> None:
+    with sb.box() as box, tempfile.NamedTemporaryFile() as outside:
+        (box.host / "prog").symlink_to(outside.name)
+        with pytest.raises(SandboxError, match="prog"):
+            list(run_each(sb, box, "prog", [b""], FAST))
+    with sb.box() as box:
+        box.write("prog", b"\x7fELF not really")
+        box.host.joinpath("prog").chmod(0o755)
+        with pytest.raises(SandboxError, match="exec"):
+            list(run_each(sb, box, "prog", [b""], FAST))
+
+
+def test_compiled_program_many_runs(sb: Sandbox) -> None:
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    with sb.box() as box:
+        src = box.host / "p.c"
+        src.write_text("#include <stdio.h>\nint main(){int a;if(scanf(\"%d\",&a)!=1)return 9;"
+                       "printf(\"%d\\n\",a*a);return a==3;}\n")
+        import subprocess
+
+        subprocess.run([cc, "-o", str(box.host / "prog"), str(src)], check=True)
+        out = list(run_each(sb, box, "prog", [b"2", b"3", b"x"], FAST))
+    assert [(r.stdout, r.exit_code) for r in out] == [(b"4\n", 0), (b"9\n", 1), (b"", 9)]
+    assert Path(box.host).exists() is False
