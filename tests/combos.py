@@ -19,6 +19,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from mlx_rlaif.config import batch_sequences, check, load
@@ -27,6 +28,9 @@ from mlx_rlaif.errors import ConfigError
 # where a row's overrides name the adapters a run starts from (rl.reference initial): the caller
 # puts a real adapter directory in its place (`with_adapters`)
 INIT_ADAPTER = "@init-adapter"
+
+# a shipped reward function (examples/rewards/), by its absolute path
+FORMAT_REWARD = f"{Path(__file__).resolve().parent.parent}/examples/rewards/format_reward.py:one_fence"
 
 # factor -> level -> overrides; the first level of each is the one a row prefers on a tie
 FACTORS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -61,6 +65,10 @@ FACTORS: dict[str, dict[str, tuple[str, ...]]] = {
     "generation.num_samples_per_prompt": {
         k: (f"generation.num_samples_per_prompt={k}",) for k in ("2", "1")},
     "model dtype": {"float32": (), "bfloat16": ()},  # the model path: set by the caller
+    # the reward as components: exec at 0.7 and a user's function (a worker process) at 0.3
+    "reward.components": {"exec": (), "exec+function": (
+        f"reward.components=[{{kind: exec, weight: 0.7}}, {{kind: function, weight: 0.3, "
+        f"fn: '{FORMAT_REWARD}'}}]",)},
 }
 
 # the dotted keys by which a refusal names each factor

@@ -2,8 +2,8 @@
 factors: estimator, ratio level, aggregation, loss, KL placement and estimator, reference (the
 initial one from adapters made for the test), adaptive KL, dynamic sampling, guidance,
 curriculum, turns, PPO epochs, truncation mask, scale, backend, gradient accumulation, group
-size, model dtype) either trains two steps on the
-shipped tiny model with the metrics' invariants holding, or is refused by `config.check` with
+size, model dtype, the reward as components with a user's function) either trains two steps on
+the shipped tiny model with the metrics' invariants holding, or is refused by `config.check` with
 one line naming both options, and every refused pair is listed in docs/combinations.md.
 
 A pairwise covering array (combos.covering_array), not the full product; the refusals are read

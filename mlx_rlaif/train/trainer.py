@@ -160,8 +160,12 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     run_dir = Path(cfg.training.output_dir)
     tasks, eval_tasks, reward_fn = world.agreed(lambda: prepare(cfg, run_dir, resume_from, world),
                                                 "check of the setup")
-    ops = OPS[cfg.model.backend]()
-    policy = ops.load(cfg)
+    try:  # the reward's worker processes and pools end with a model that does not load
+        ops = OPS[cfg.model.backend]()
+        policy = ops.load(cfg)
+    except BaseException:
+        reward_fn.close()
+        raise
     fit = (prompt_formatter(policy.tokenizer, cfg.model), context_length(policy.model),
            cfg.generation.max_new_tokens)
     tasks, skipped = fit_context(tasks, *fit, "training")

@@ -89,6 +89,13 @@ def main(fd: int) -> None:
     calls until told to stop or the socket closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(fd)
+    try:
+        serve(conn)
+    except (EOFError, OSError):  # the trainer went away (closed the pool, or exited)
+        return
+
+
+def serve(conn: Any) -> None:
     spec, kwargs, group, concurrency, timeout_s = conn.recv()
     try:
         fn = load_function(spec, kwargs, None, group)
@@ -97,10 +104,7 @@ def main(fd: int) -> None:
         return
     conn.send(("ready", None))
     while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
+        msg = conn.recv()
         if msg[0] != "call":
             return
         _, call_id, units, step = msg
