@@ -173,3 +173,43 @@ def test_score_with_a_function_and_a_hung_one_stopped(tmp_path, fns):
     assert re.search(r"error: reward component forever \(.*\) on task add-\d: timed out after "
                      r"2 s \(its worker was killed\)", r.stderr.strip().splitlines()[-1]), r.stderr
     assert time.monotonic() - t0 < 60 and not (tmp_path / "hung.jsonl").exists()
+
+
+RANK_FNS = '''
+import os
+
+def rank_one_breaks(completion, step):
+    if step >= 1 and os.environ.get("MLX_RANK") == "1":
+        raise ValueError("rank 1's rule broke")
+    return 0.5
+'''
+
+
+@pytest.mark.slow
+def test_two_ranks_score_their_shares_and_an_error_on_one_stops_both(tmp_path):
+    """Under mlx.launch each rank scores its own share with its own workers; the function's
+    error on rank 1 at the second step ends both ranks with the line naming it."""
+    from test_distributed import LAUNCH, env, free_ports
+
+    (tmp_path / "rank_fns.py").write_text(RANK_FNS)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mlx_rlaif.cli", "train", "--model", "builtin:tiny-coder",
+           "--train-file", "suite:synthetic-train", "--output-dir", str(out), "--max-steps", "3",
+           "--no-dashboard", "--set", "data.difficulties=[easy]", "--set",
+           "data.languages=[python]", "--set", "data.eval_file=", "--set",
+           "training.batch_size=2", "--set", "generation.num_samples_per_prompt=2", "--set",
+           "generation.max_new_tokens=16", "--set", "logging.tensorboard=false",
+           "--reward", f"{tmp_path / 'rank_fns.py'}:rank_one_breaks@0.3"]
+    proc = subprocess.run([*LAUNCH, "-n", "2", "-p", str(free_ports(2)), "--", *cmd], env=env(),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    # mlx.launch itself exits 0: each rank's exit code is in its warning (the launcher may
+    # end the second rank with SIGTERM once the first exits, after both printed their line)
+    codes = dict(re.findall(r"Node with rank (\d) exited with code (-?\d+)", proc.stderr))
+    assert set(codes) == {"0", "1"} and "0" not in codes.values(), proc.stderr
+    (step,) = jsonl(out / "batches.jsonl")  # the first step, scored on both ranks
+    assert step["dist/world_size"] == 2 and step["reward/rank_one_breaks/mean"] == 0.5
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("mlx-rlaif train: error:")]
+    assert len(lines) == 2, proc.stderr  # each rank ends with one line
+    assert all("reward component rank_one_breaks" in x and "rank 1's rule broke" in x
+               for x in lines), lines
+    assert "Traceback" not in proc.stderr, proc.stderr
