@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import io
+import logging
 import os
 import platform
 import statistics
@@ -129,23 +130,73 @@ def blas_line() -> str:
 
 
 def sandbox_report(cfg: Config) -> bool:
+    """The sandbox this config will use, and its hostile self-test as one table (selftest.py):
+    False when a probe escaped or something runs need failed inside."""
     from ..sandbox import Sandbox
-    from ..sandbox.selftest import self_test
+    from ..sandbox.selftest import self_test, table
+    from ..terminal import visible
 
     e = cfg.reward.exec
     try:
-        sandbox = Sandbox(e.sandbox, slots=1, uid_base=e.uid_base, python=e.python)
+        sandbox = Sandbox(e.sandbox, slots=2, uid_base=e.uid_base, python=e.python)
     except RlaifError as err:
         say("sandbox", f"cannot start: {err}")
         return False
     used = "" if cfg.reward.type in ("exec", "mix") else f" (reward.type {cfg.reward.type}: unused)"
-    checks = self_test(sandbox)
-    lines = [f"{sandbox.describe()}{used}"]
-    for c in checks:
-        mark = {True: "ok", False: "FAILED", None: "not covered"}[c.ok]
-        lines.append(f"{c.name}: {mark}" + (f" ({c.detail})" if c.detail else ""))
-    say("sandbox", "\n".join(lines))
-    return all(c.ok is not False for c in checks)
+    rows = [*self_test(sandbox), *toolchain_rows(e)]
+    count = {v: sum(r.verdict == v for r in rows) for v in ("contained", "escaped", "n.a.")}
+    escaped = [r.name for r in rows if r.verdict == "escaped"]
+    failed = [r.name for r in rows if r.verdict == "FAILED"]
+    verdict = (f"{count['contained']} contained, {count['escaped']} escaped, {count['n.a.']} "
+               "n.a. (does not work here even outside the sandbox, or not on this platform)")
+    if escaped:
+        verdict += (f"; ESCAPED: {', '.join(escaped)}: student code here can do that with "
+                    f"your rights{PROCESS_HINT if sandbox.mode == 'process' else ''}")
+    if failed:
+        verdict += f"; FAILED inside: {', '.join(failed)}"
+    say("sandbox", visible(f"{sandbox.describe()}{used}\n{table(rows)}\n{verdict}"))
+    return not (escaped or failed)
+
+
+PROCESS_HINT = (" (process mode: install bubblewrap, apt-get install bubblewrap, and set "
+                "reward.exec.sandbox: auto)")
+HELLO = {"cpp": ("C++", "#include <cstdio>\nint main() { std::puts(\"hello\"); }\n"),
+         "rust": ("Rust", "fn main() { println!(\"hello\"); }\n")}
+
+
+def toolchain_rows(e: Any) -> list[Any]:
+    """A C++ and a Rust hello world through the exec reward, as a run builds and runs them
+    (n.a. where the toolchain is not installed)."""
+    from ..records import Task
+    from ..rewards.exec import ExecReward
+    from ..rewards.exec.reward import find_toolchain
+    from ..sandbox.selftest import Row
+
+    rows = []
+    for lang, (name, code) in HELLO.items():
+        found = find_toolchain(lang, e)
+        if isinstance(found, str):
+            rows.append(Row(f"{name} hello world", "-", "", "n.a."))
+            continue
+        label = f"{name} hello world ({os.path.basename(found.compiler or '')})"
+        logging.disable(logging.WARNING)  # its start line: the table says it
+        try:
+            reward = ExecReward(e, {lang})
+        except RlaifError as err:
+            rows.append(Row(label, "-", "", "n.a.", str(err)[:300]))  # unreachable in this mode
+            continue
+        finally:
+            logging.disable(logging.NOTSET)
+        try:
+            task = Task(id=f"hello-{lang}", prompt="", language=lang,
+                        tests=({"stdin": "", "stdout": "hello\n"},))
+            r = reward.score([task], [f"```{lang}\n{code}```"])[0]
+        finally:
+            reward.close()
+        ok = r.value == 1.0
+        rows.append(Row(label, "works" if ok else "fails", "", "ok" if ok else "FAILED",
+                        (r.reason or "no score")[:200]))
+    return rows
 
 
 # --- memory and the probe ----------------------------------------------------------------------

@@ -165,8 +165,10 @@ def bwrap_args(ro_paths: Sequence[str], box_host: str) -> list[str]:
                 made.add(str(parent))
                 a += ["--perms", "0755", "--dir", str(parent)]
         a += ["--ro-bind", p, p]
+    # a private /dev/shm too: multiprocessing's semaphores live there
     return [*a, "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(64 << 20),
-            "--tmpfs", "/tmp", "--bind", box_host, BOX, "--chdir", BOX]
+            "--tmpfs", "/tmp", "--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm",
+            "--bind", box_host, BOX, "--chdir", BOX]
 
 
 # --- interpreters and paths ------------------------------------------------------------------
