@@ -6,7 +6,8 @@ import argparse
 import sys
 from dataclasses import replace
 
-from ..config import check, load, smoke_steps, with_functions
+from ..config import check as check_config
+from ..config import load, smoke_steps, with_functions
 from ..config.loading import SMOKE_ENV, SMOKE_EVAL_TASKS
 from ..errors import UsageError
 
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("-n and --turns must be at least 1")
     cfg = load(args.config, list(args.set))
     if args.reward or cfg.reward.functions or cfg.reward.components:
-        cfg = check(with_functions(cfg, args.reward))  # the components, complete and named
+        cfg = check_config(with_functions(cfg, args.reward))  # the components, complete, named
     if args.max_new_tokens:
         cfg = replace(cfg, generation=replace(cfg.generation, max_new_tokens=args.max_new_tokens))
     if cfg.reward.type == "teacher":
