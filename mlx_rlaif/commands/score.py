@@ -3,9 +3,10 @@
 Each input line is a task record (the fields of a task line: `prompt`, `language`, `entry_point`,
 `test`, `tests`, ...; `id` optional) plus `completion`. Each output line is the input plus
 `reward` (a number, or null when the completion could not be scored), `parts`, `reason` and
-`details`. The reward comes from the config (`reward.type`, default exec) or the flags:
-`--reward`, and `--teacher/--base-url/--model`, which only set `reward.type=teacher` and
-`reward.teacher.provider/base_url/model`. The output file is written whole or not at all. Teacher
+`details`. The reward comes from the config (`reward.type`, default exec; `reward.components`,
+`reward.functions`) or the flags: `--reward TYPE`, `--reward FILE.py:fn[@weight]` (your function
+added as a component, repeatable; docs/rewards.md), and `--teacher/--base-url/--model`, which
+only set `reward.type=teacher` and `reward.teacher.provider/base_url/model`. The output file is written whole or not at all. Teacher
 answers are cached between runs (`reward.teacher.cache_path`, default the user cache
 ~/.cache/mlx-rlaif/teacher_cache.db; `--no-cache` turns it off): a user tuning a rubric pays
 only for what changed.

@@ -10,6 +10,7 @@ of components (custom/components.py); without them, `reward.type`'s own reward a
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from ..config import Config, RewardComponent, RewardConfig, reward_components
@@ -57,6 +58,11 @@ def build_components(cfg: Config, output_dir: str | Path | None, languages: set[
     from .custom.components import ComponentsReward
 
     r = cfg.reward
+    if not r.components and r.type == "mix":  # the form changed: said in one line
+        logging.getLogger("mlx_rlaif").info(
+            f"reward.type mix with reward.functions: loaded as the components exec (weight "
+            f"{r.exec_weight:g}) and teacher (weight {r.teacher_weight:g}) plus your functions, "
+            "summed (mix alone takes the weighted mean)")
     builtins: list = []
     customs: list = []
     try:
