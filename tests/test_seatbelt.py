@@ -25,7 +25,7 @@ N_EXEC = 3  # the golden file's: interpreter, a toolchain, its sysroot
 
 ALLOWED_OPS = {"process-fork", "process-exec", "signal", "process-info*", "file-read-metadata",
                "file-read*", "file-map-executable", "file-write*", "file-write-data",
-               "mach-lookup", "sysctl-read", "ipc-posix-sem"}
+               "mach-lookup", "sysctl-read", "ipc-posix-sem", "system-socket"}
 # no filter exists for a fork; path resolution stats every component of every path
 UNFILTERED = {"process-fork", "file-read-metadata"}
 MACH = {"com.apple.system.opendirectoryd.libinfo"}
@@ -168,6 +168,7 @@ def test_mach_sysctl_and_process_rules_are_allow_lists() -> None:
     for op in ("signal", "process-info*"):
         assert by_op[op] == [["target", "same-sandbox"]]
     assert by_op["ipc-posix-sem"] == [["ipc-posix-name-prefix", ("str", "/mp-")]]
+    assert by_op["system-socket"] == [["socket-domain", "AF_UNIX"]]  # no bind, no connect
 
 
 def test_writes_only_to_the_box_and_reads_nowhere_private() -> None:
@@ -289,3 +290,41 @@ def test_a_profile_that_fails_fails_the_run_and_nothing_runs_unsandboxed(
 if __name__ == "__main__" and sys.argv[1:] == ["--update"]:
     GOLDEN.write_text(seatbelt.profile(N_EXEC))
     print(f"wrote {GOLDEN}")
+
+
+# --- toolchains: the real compilers, not the xcrun shims -----------------------------------
+
+
+@pytest.fixture()
+def developer(tmp_path: Path) -> Path:
+    """A Command Line Tools layout: usr/bin/clang, clang++ and SDKs/MacOSX.sdk."""
+    dev = tmp_path / "CommandLineTools"
+    (dev / "usr" / "bin").mkdir(parents=True)
+    for name in ("clang", "clang++"):
+        (dev / "usr" / "bin" / name).write_text("#!/bin/sh\n")
+        (dev / "usr" / "bin" / name).chmod(0o755)
+    (dev / "SDKs" / "MacOSX.sdk").mkdir(parents=True)
+    return dev
+
+
+def test_builds_use_the_real_compiler_and_the_sdk(developer: Path) -> None:
+    sdk = str(developer / "SDKs" / "MacOSX.sdk")
+    shim = "/usr/bin/" + next(n for n in ("g++", "c++", "cc", "gcc") if os.path.exists(
+        f"/usr/bin/{n}"))
+    compiler, flags, env = seatbelt.mac_build("cpp", shim, str(developer))
+    assert compiler.startswith(str(developer / "usr" / "bin" / "clang"))
+    assert flags == ("-isysroot", sdk) and env == (("SDKROOT", sdk),)
+    rustc = "/home/u/.rustup/toolchains/stable/bin/rustc"
+    assert seatbelt.mac_build("rust", rustc, str(developer)) == (
+        rustc, ("-C", f"linker={developer}/usr/bin/clang"), (("SDKROOT", sdk),))
+    keg = "/opt/homebrew/Cellar/gcc/14.2.0/bin/g++-14"  # a Homebrew g++: kept as configured
+    assert seatbelt.mac_build("cpp", keg, str(developer))[0] == keg
+    assert seatbelt.mac_build("cpp", shim, None) == (shim, (), ())  # off macOS: unchanged
+
+
+def test_the_developer_directory_is_a_parameter(mac: Path, developer: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(seatbelt, "developer_dir", lambda: str(developer))
+    sb = Sandbox("seatbelt", slots=1)
+    defines = started(monkeypatch, sb)["cmd"]
+    assert f"EXEC_{len(sb._exec_dirs) - 1}={developer}" in defines

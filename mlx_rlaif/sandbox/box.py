@@ -172,8 +172,9 @@ class Sandbox:
                               "set it to a working interpreter, or leave it empty")
         self._ro = tuple(dict.fromkeys([prefix_of(self.python), *map(os.path.realpath, ro_paths)]))
         if self.mode == "seatbelt":  # seatbelt.py: the profile's directories, as parameters
+            dev = seatbelt.developer_dir()  # the real compilers and the SDK
             self._exec_dirs = [*seatbelt.interpreter_dirs(self._ro[0], self.python),
-                               *self._ro[1:]]
+                               *self._ro[1:], *([dev] if dev else [])]
             self._profile = seatbelt.profile(len(self._exec_dirs))
         self._uids = UidPool(uid_base, slots) if self.root else None
         self._sweep: set[int] = set()  # uids whose run was killed without its own cleanup

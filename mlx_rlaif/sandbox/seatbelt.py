@@ -20,7 +20,8 @@ What it allows, and nothing else (`(deny default)` first; the last matching rule
 - Mach: the one service `getpwuid` needs (`com.apple.system.opendirectoryd.libinfo`);
 - `sysctl-read` of hardware and OS-version names only (no `kern.proc*`: no other process's
   argv or environment through `kern.procargs2`); POSIX semaphores named like Python's
-  multiprocessing's (`/mp-`);
+  multiprocessing's (`/mp-`); creating a Unix socket (`socketpair`, asyncio's self-pipe: no
+  `network-bind` or `network-outbound` is allowed, so it reaches nothing);
 - then, over everything above: `(deny file-link)` (no hard link of a file outside into the
   box) and `(deny file-write-setugid)`.
 Denied by `(deny default)`: every network operation (TCP, UDP, DNS, Unix sockets), AppleEvents
@@ -45,8 +46,10 @@ process regardless of profile (e.g. `getpid`, the load average) are outside a pr
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
@@ -117,6 +120,8 @@ def profile(n_exec: int) -> str:
 (allow sysctl-read
 {_lines(sysctls)})
 (allow ipc-posix-sem (ipc-posix-name-prefix "{SEMAPHORE_PREFIX}"))
+; creating a Unix socket (socketpair: asyncio's self-pipe); binding or connecting one is denied
+(allow system-socket (socket-domain AF_UNIX))
 
 ; over every allow above: no hard links, no setuid or setgid bits
 (deny file-link)
@@ -145,6 +150,67 @@ def interpreter_dirs(prefix: str, executable: str) -> list[str]:
     if real.startswith("/opt/homebrew/Cellar/"):  # /usr/local's kegs are under /usr already
         out += ["/opt/homebrew/Cellar", "/opt/homebrew/opt"]
     return out
+
+
+# --- toolchains: the real compilers, never the /usr/bin xcrun shims -------------------------
+# A shim runs xcrun, which caches in the temporary directory and asks launchd's services: under
+# this profile it cannot work. So a run builds with the compiler the shim stands for, under the
+# developer directory (`xcode-select -p`, readable and executable in every run), with the SDK
+# given explicitly.
+
+XCRUN_SHIMS = {"c++": "clang++", "g++": "clang++", "clang++": "clang++", "cc": "clang",
+               "gcc": "clang", "clang": "clang"}
+
+
+@functools.cache
+def developer_dir() -> str | None:
+    """The active developer directory (Xcode's or the Command Line Tools'), None off macOS or
+    without one."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        r = subprocess.run(["/usr/bin/xcode-select", "-p"], capture_output=True, text=True,
+                           timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    path = r.stdout.strip()
+    return os.path.realpath(path) if r.returncode == 0 and os.path.isdir(path) else None
+
+
+def real_compiler(exe: str, dev: str | None) -> str:
+    """The compiler a /usr/bin xcrun shim (`g++`, `clang++`, `cc`...) runs, else `exe`."""
+    name = os.path.basename(exe)
+    if dev is None or name not in XCRUN_SHIMS or os.path.dirname(
+            os.path.realpath(exe)) != "/usr/bin":
+        return exe
+    for d in (f"{dev}/Toolchains/XcodeDefault.xctoolchain/usr/bin", f"{dev}/usr/bin"):
+        if os.access(f"{d}/{XCRUN_SHIMS[name]}", os.X_OK):
+            return f"{d}/{XCRUN_SHIMS[name]}"
+    return exe
+
+
+def sdk_path(dev: str) -> str | None:
+    for sdk in (f"{dev}/SDKs/MacOSX.sdk",
+                f"{dev}/Platforms/MacOSX.platform/Developer/SDKs/MacOSX.sdk"):
+        if os.path.isdir(sdk):
+            return os.path.realpath(sdk)
+    return None
+
+
+def mac_build(language: str, compiler: str, dev: str | None
+              ) -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(compiler, extra flags, build environment) for a build under the profile: for C++ the
+    compiler a shim stands for with `-isysroot SDK`; for Rust, that clang as rustc's linker and
+    SDKROOT set (rustc asks xcrun for it otherwise). A compiler outside /usr/bin (a Homebrew
+    keg) is kept as it is; without a developer directory nothing changes."""
+    if dev is None:
+        return compiler, (), ()
+    sdk = sdk_path(dev)
+    env = (("SDKROOT", sdk),) if sdk else ()
+    if language == "cpp":
+        return real_compiler(compiler, dev), ("-isysroot", sdk) if sdk else (), env
+    clang = real_compiler("/usr/bin/clang", dev)
+    return compiler, ("-C", f"linker={clang}") if clang != "/usr/bin/clang" else (), env
 
 
 def processes_of(uid: int) -> int:

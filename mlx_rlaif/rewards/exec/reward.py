@@ -69,7 +69,7 @@ from typing import Any
 from ...config import ExecConfig
 from ...errors import ConfigError
 from ...records import Reward, Task, extract_code
-from ...sandbox import Box, Limits, Running, Sandbox, SandboxError
+from ...sandbox import Box, Limits, Running, Sandbox, SandboxError, seatbelt
 from ...sandbox.runs import run_each
 from . import harness as wire
 from .tasks import (
@@ -100,6 +100,7 @@ class Toolchain:
     compiler: str | None  # None: interpreted (Python)
     flags: tuple[str, ...] = ()
     home: str | None = None  # directory to bind read-only (toolchains outside /usr)
+    env: tuple[tuple[str, str], ...] = ()  # the build's environment (macOS: SDKROOT)
 
 
 # --- toolchains ------------------------------------------------------------------------------
@@ -115,9 +116,11 @@ def find_toolchain(language: str, cfg: ExecConfig) -> Toolchain | str:
         if exe is None:
             return (f"no C++ compiler ({' or '.join(names)}) on PATH: install g++ "
                     "(apt-get install g++) or set reward.exec.cpp_compiler")
-        real = os.path.realpath(exe)
+        # macOS: the compiler an xcrun shim stands for, and the SDK (sandbox/seatbelt.py)
+        real, extra, env = seatbelt.mac_build("cpp", os.path.realpath(exe),
+                                              seatbelt.developer_dir())
         home = None if real.startswith("/usr/") else _install_dir(real)
-        return Toolchain("cpp", real, tuple(cfg.cpp_flags), home)
+        return Toolchain("cpp", real, (*cfg.cpp_flags, *extra), home, env)
     if language == "rust":
         rustc = _which("rustc") or _which(str(Path.home() / ".cargo/bin/rustc"))
         if rustc is None:
@@ -127,8 +130,9 @@ def find_toolchain(language: str, cfg: ExecConfig) -> Toolchain | str:
             return f"{rustc} --print sysroot failed: check the Rust installation"
         real = str(Path(sysroot) / "bin" / "rustc")
         home = None if sysroot.startswith("/usr") else sysroot
-        return Toolchain("rust", real if os.path.exists(real) else rustc, tuple(cfg.rust_flags),
-                         home)
+        _, extra, env = seatbelt.mac_build("rust", real, seatbelt.developer_dir())  # its linker
+        return Toolchain("rust", real if os.path.exists(real) else rustc,
+                         (*cfg.rust_flags, *extra), home, env)
     return f"unknown language {language!r}: the exec reward runs {', '.join(LANGUAGES)}"
 
 
@@ -325,7 +329,7 @@ class ExecReward:
             return syntax_error(program)
         argv = [tc.compiler, *tc.flags, "-o", "prog", _SOURCE[tc.language]]
         path = f"{os.path.dirname(tc.compiler)}:/usr/local/bin:/usr/bin:/bin"
-        r = self.sandbox.run(box, argv, self._build_limits(), env={"PATH": path})
+        r = self.sandbox.run(box, argv, self._build_limits(), env={"PATH": path, **dict(tc.env)})
         if r.ok:
             return None
         log_text = (r.stderr or r.stdout).decode(errors="replace").strip()
