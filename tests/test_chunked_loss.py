@@ -104,6 +104,7 @@ def test_one_transformer_forward_per_micro_batch(micro_model: Path,
     monkeypatch.setattr(memory, "LOGITS_CHUNK_MB", 0, raising=False)
     monkeypatch.setattr(update, "compiled", lambda fn, model, *more: fn)
     policy = load_policy(str(micro_model))
+    memory.shape_of(policy.model)  # its caches' sizes: measured once per model, not counted
     body = type(policy.split.body)
     calls = []
     real = body.__call__

@@ -57,16 +57,24 @@ class Split:
 
 
 def split_head(model: nn.Module) -> Split | None:
-    """The model as transformer + output head (mlx-lm's layout: `model.model`, then `lm_head` or
-    the tied `embed_tokens.as_linear`), checked on a 2-token input; None where the model does
-    more than that (soft-capping, scaling) or has another layout."""
-    body = getattr(model, "model", None)
-    head = getattr(model, "lm_head", None)
+    """The model as transformer + output head (mlx-lm's layouts: `model.model` or
+    `model.backbone`, then `lm_head` or the tied `embed_tokens.as_linear`, divided by the
+    model's `logits_scaling` where it has one (Granite); a multimodal wrapper's
+    `language_model` first: Qwen3.5, Mistral 3), checked on a 2-token input; None where the
+    model does more than that (soft-capping) or has another layout."""
+    lm = model
+    while isinstance(getattr(lm, "language_model", None), nn.Module):
+        lm = lm.language_model
+    body = getattr(lm, "model", None) or getattr(lm, "backbone", None)
+    head = getattr(lm, "lm_head", None)
     if head is None and body is not None and hasattr(getattr(body, "embed_tokens", None),
                                                    "as_linear"):
         head = body.embed_tokens.as_linear
     if body is None or head is None:
         return None
+    scaling = getattr(lm, "logits_scaling", None)
+    if isinstance(scaling, (int, float)) and scaling != 1:
+        head = divided(head, scaling)
     x = mx.array([[1, 2]])
     try:
         full, parts = model(x), head(body(x))
@@ -75,6 +83,11 @@ def split_head(model: nn.Module) -> Split | None:
     if full.shape != parts.shape or not mx.allclose(full, parts, rtol=1e-4, atol=1e-4).item():
         return None
     return Split(body, head, full.shape[-1])
+
+
+def divided(head: Callable[[mx.array], mx.array], by: float) -> Callable[[mx.array], mx.array]:
+    """`head`'s logits divided by `by` (Granite's `logits_scaling`)."""
+    return lambda h: head(h) / by
 
 
 def chunk_tokens(vocab: int, limit_mb: float | None = None) -> int:

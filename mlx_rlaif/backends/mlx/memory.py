@@ -35,9 +35,17 @@ recommended size and MLX's buffer cache is cleared between steps once it holds m
 `CACHE_CLEAR_SHARE` of the budget, as mlx-lm's trainer does (mlx-lm #828: memory creeping over
 a long run).
 
-Not covered: models other than decoder-only transformers with mlx-lm's `args` (no plan is made:
-`shape_of` returns None), rotating or quantized KV caches, memory outside MLX (Python, the
-tokenizer, the sandboxes: the headroom is for them).
+Other architectures (`shape_of`, model_shape.py): a nested `text_config` (Qwen3.5, Mistral 3) is
+read like flat arguments; where a model's blocks differ (hybrid SSM / linear-attention /
+convolution layers, mixture-of-experts layers) each block's kept activations come from its own
+layers and the caches' sizes from mlx-lm's own cache (KV for the attention layers, a fixed
+state per row for the others); where the head does not split off (loss.split_head) the loss's
+logits are counted whole.
+
+Not covered: models whose text model's `args` do not name the hidden size, heads and
+vocabulary (no plan is made: `shape_of` returns None), rotating or quantized KV caches (counted
+as full ones), memory outside MLX (Python, the tokenizer, the sandboxes: the headroom is for
+them).
 """
 
 from __future__ import annotations
@@ -53,7 +61,8 @@ from mlx.utils import tree_flatten
 
 from ... import cpu
 from ...errors import ConfigError
-from .loss import LOGITS_CHUNK_MB, chunk_tokens
+from .loss import LOGITS_CHUNK_MB, chunk_tokens, split_head
+from .model_shape import cache_sizes, layer_elems, once, text_args
 
 GiB = 2**30
 HEADROOM = 0.85  # the share of the device's memory the default budget takes
@@ -90,6 +99,11 @@ class Shape:
     lora_params: int  # adapter parameters (float32)
     fused_bytes: int = 0  # the copies decoding makes (fused adapters; transposed on the CPU)
     cpu_kernels: bool = True  # cpu/kernels.py's fused SwiGLU (off: mlx-lm's, Metal and CUDA)
+    # read from the model where it is not a uniform dense transformer (model_shape.py):
+    kv_elems: int = 0  # key and value elements per position, all layers (0: from the heads)
+    state_bytes: int = 0  # recurrent state per row (SSM, convolution, linear-attention caches)
+    layer_elems: tuple[int, ...] = ()  # activations each block keeps per position (()): dense)
+    full_logits: bool = False  # the head does not split off (loss.split_head): whole logits
 
 
 @dataclass(frozen=True)
@@ -140,10 +154,16 @@ def activation_aim(budget: int) -> int:
 # --- the model -----------------------------------------------------------------------------------
 
 
+def kv_elems(s: Shape) -> int:
+    """Key and value elements one position keeps over all layers."""
+    return s.kv_elems or 2 * s.layers * s.kv_heads * s.head_dim
+
+
 def kv_cache_bytes(s: Shape, rows: int, length: int) -> int:
-    """Keys and values of `rows` sequences of `length` positions, as mlx-lm allocates them."""
+    """Keys and values of `rows` sequences of `length` positions, as mlx-lm allocates them, and
+    the rows' recurrent state where the model has some."""
     allocated = math.ceil(length / CACHE_STEP) * CACHE_STEP
-    return 2 * s.layers * s.kv_heads * s.head_dim * s.act_bytes * rows * allocated
+    return kv_elems(s) * s.act_bytes * rows * allocated + s.state_bytes * rows
 
 
 def decode_bytes(s: Shape, w: Work, width: int) -> int:
@@ -160,9 +180,16 @@ def block_bytes(s: Shape) -> int:
     norms' outputs, q, k, v, the attention's output, the residual, gate, up and their product
     (the attention's probabilities and, with the CPU kernels, SwiGLU's sigmoid are recomputed;
     mlx-lm's SwiGLU keeps its sigmoid and SiLU: UNFUSED_SWIGLU)."""
+    if s.layer_elems:  # read from the model's own layers: the largest block
+        return max(s.layer_elems) * s.act_bytes
     kv = s.kv_heads * s.head_dim
     swiglu = 3 + (0 if s.cpu_kernels else UNFUSED_SWIGLU)
     return (7 * s.hidden + 2 * kv + swiglu * s.intermediate) * s.act_bytes
+
+
+def blocks_bytes(s: Shape) -> int:
+    """Activations all blocks keep per position (each block's own where they differ)."""
+    return sum(s.layer_elems) * s.act_bytes if s.layer_elems else s.layers * block_bytes(s)
 
 
 def scores_bytes(s: Shape, rows: int, queries: int, keys: int) -> int:
@@ -173,9 +200,11 @@ def scores_bytes(s: Shape, rows: int, queries: int, keys: int) -> int:
 def head_bytes(s: Shape, w: Work, positions: int, chunks: int) -> int:
     """The loss's vocabulary-sized buffers: `chunks` arrays of one chunk's float32 logits (or
     of the whole micro-batch's, where it is smaller than a chunk), and in a 16-bit model the
-    head's own output beside each."""
+    head's own output beside each; where the head does not split off (`full_logits`) the
+    whole micro-batch's logits are one chunk."""
     per_position = (4 + (s.act_bytes if s.act_bytes < 4 else 0)) * s.vocab
-    return chunks * per_position * min(positions, chunk_tokens(s.vocab, w.chunk_mb))
+    chunk = positions if s.full_logits else min(positions, chunk_tokens(s.vocab, w.chunk_mb))
+    return chunks * per_position * chunk
 
 
 def update_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
@@ -187,7 +216,7 @@ def update_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
     the backward pass recomputes them (`Work.entropy_grad`: loss.head_logprobs)."""
     positions = rows * w.width
     own = min(w.prompts, -(-rows // w.group)) * w.prompt_len + positions
-    prefix = 2 * s.layers * s.kv_heads * s.head_dim * s.act_bytes * rows * w.prompt_len
+    prefix = kv_elems(s) * s.act_bytes * rows * w.prompt_len
     hidden = 2 * positions * s.hidden * s.act_bytes
     body = (activation_bytes(s, w, rows, checkpoint)
             + scores_bytes(s, rows, w.width, w.width + w.prompt_len))
@@ -202,7 +231,7 @@ def activation_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
     positions = rows * w.width
     if checkpoint:
         return positions * (s.layers * s.hidden * s.act_bytes + RECOMPUTED * block_bytes(s))
-    return positions * s.layers * block_bytes(s)
+    return positions * blocks_bytes(s)
 
 
 def reference_bytes(s: Shape, w: Work, rows: int) -> int:
@@ -310,11 +339,12 @@ def gb(n: float) -> str:
 
 
 def shape_of(model: nn.Module, fused_bytes: int = 0) -> Shape | None:
-    """The shapes of a loaded mlx-lm model with its adapters (None where its `args` do not
-    name them)."""
-    a = getattr(model, "args", None)
-    names = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-             "vocab_size")
+    """The shapes of a loaded mlx-lm model with its adapters (None where its text model's
+    `args` do not name them): the heads from its arguments (a nested `text_config` too), what
+    its blocks keep and its caches hold from its own layers (model_shape.py), full logits where
+    the head does not split off."""
+    a = text_args(model)
+    names = ("hidden_size", "num_attention_heads", "vocab_size")
     if a is None or not all(isinstance(getattr(a, n, None), int) for n in names):
         return None
     heads = a.num_attention_heads
@@ -322,9 +352,15 @@ def shape_of(model: nn.Module, fused_bytes: int = 0) -> Shape | None:
     params = tree_flatten(model.parameters())
     lora = sum(v.size for k, v in params if k.rsplit(".", 1)[-1] in ("lora_a", "lora_b"))
     weights = sum(v.nbytes for k, v in params if k.rsplit(".", 1)[-1] not in ("lora_a", "lora_b"))
-    return Shape(a.num_hidden_layers, a.hidden_size, a.intermediate_size, heads,
-                 getattr(a, "num_key_value_heads", None) or heads, head_dim, a.vocab_size,
-                 weights, activation_itemsize(params), lora, fused_bytes, cpu.active())
+    kernels = cpu.active()
+    top_k = getattr(a, "num_experts_per_tok", None) or 1
+    elems = layer_elems(model, a.hidden_size, top_k, 1 + (0 if kernels else UNFUSED_SWIGLU))
+    kv, state = once(model, "caches", lambda: cache_sizes(model))
+    return Shape(len(model.layers), a.hidden_size, getattr(a, "intermediate_size", None) or 0,
+                 heads, getattr(a, "num_key_value_heads", None) or heads, head_dim,
+                 a.vocab_size, weights, activation_itemsize(params), lora, fused_bytes, kernels,
+                 kv_elems=kv, state_bytes=state, layer_elems=elems,
+                 full_logits=once(model, "split", lambda: split_head(model) is None))
 
 
 def activation_itemsize(params: list[tuple[str, mx.array]]) -> int:

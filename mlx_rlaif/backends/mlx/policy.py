@@ -21,6 +21,7 @@ from mlx.utils import tree_unflatten
 from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
+from ... import cpu
 from ...artifacts import checkpoint
 from ...artifacts.lora import (
     LORA_TYPES,
@@ -31,9 +32,11 @@ from ...artifacts.lora import (
     spec_of,
 )
 from ...assets import model_source
+from ...cpu.experts import float32_experts
 from ...errors import UsageError
 from .device import kind_of, quantized_problem
 from .loss import Split, split_head
+from .probe import load_failure_line, probe
 
 
 @dataclass
@@ -57,6 +60,9 @@ def load_model(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, A
         return load(source, tokenizer_config={"trust_remote_code": trust_remote_code},
                     trust_remote_code=trust_remote_code)
     except Exception as e:  # hub errors, missing weights, unsupported architectures
+        inside = load_failure_line(e)  # raised by mlx-lm's model code itself
+        if inside:
+            raise UsageError(f"model {path}: {inside}") from e
         raise UsageError(f"model {path} could not be loaded ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}): check the path or hub id"
                          ) from e
@@ -78,6 +84,8 @@ def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | Non
         from mlx_lm.utils import quantize_model
 
         quantize_model(model, {}, None, quantize)
+    if cpu.on_cpu():  # 16-bit experts: GatherMM runs only in float32 on MLX's CPU build
+        float32_experts(model)
     model.freeze()
     lora = lora_cfg or LoraSpec()
     num_layers = getattr(lora, "num_layers", -1)
@@ -91,6 +99,7 @@ def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | Non
     if adapter_dir is not None:
         checkpoint.load_weights_into(model, adapter_dir)
     model.train(False)
+    probe(model, bool(quantize) or is_quantized(model))
     split = split_head(model)
     if critic:
         add_value_head(model, split)
