@@ -213,3 +213,17 @@ def test_two_ranks_score_their_shares_and_an_error_on_one_stops_both(tmp_path):
     assert all("reward component rank_one_breaks" in x and "rank 1's rule broke" in x
                for x in lines), lines
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_eval_with_a_function(tmp_path):
+    """`eval --reward`: the function joins the mean reward; pass@1 stays the tests' verdict."""
+    r = cli("eval", "--model", "builtin:tiny-coder", "--suite", "synthetic-eval", "--max-tasks",
+            "2", "--max-new-tokens", "16", "--reward",
+            f"{EXAMPLES / 'length_penalty.py'}:length_penalty@0", "--out",
+            str(tmp_path / "ev.jsonl"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = jsonl(tmp_path / "ev.jsonl")
+    assert len(rows) == 2 and all(len(x["rewards"]) == 1 for x in rows)
+    assert all((x["correct"] == 1) == x["passed"][0] for x in rows)
+    assert "pass@1" in r.stdout

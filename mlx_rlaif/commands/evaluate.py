@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--reward", action="append", default=[], metavar="FILE.py:fn[@weight]",
                    help="add your reward function to the reward (repeatable; docs/rewards.md): "
-                   "its values join the mean reward and eval_results.jsonl")
+                   "it joins the mean reward (pass@k stays the exec reward's tests)")
 
 
 def _names(text: str) -> list[str]:
