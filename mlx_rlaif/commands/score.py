@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config import check, load, reward_components, with_functions
     from ..rewards.build import build_reward
     from ..rewards.custom.contract import record_fields
+    from ..rewards.signals import tally_line, tally_rewards
 
     cfg = with_functions(load(args.config, overrides(args)), reward_flags(args.reward)[1])
     cfg = with_user_cache(check(cfg), args.no_cache)
@@ -158,4 +159,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"scored {len(scored)}/{len(rewards)} completions with {how}: mean reward "
           f"{mean}, {len(rewards) - len(scored)} unscorable"
           + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
+    print(tally_line(tally_rewards([t.id for t in tasks], rewards)), file=sys.stderr)
     return 0

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..artifacts import checkpoint
-from ..metrics import summary
+from ..metrics import hacking, summary
 
 HELP = "Show a run's metrics (batches.jsonl / epochs.jsonl) as a table; export CSV or PNG curves."
 
@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(summary.table(shown, args.type, title))
     if args.type == "batch" and (parts := summary.component_table(shown)) is not None:
         console.print(parts)  # reward.components: each component's own statistics
+    if args.type == "batch":
+        for line in hacking.report(args.run_dir, records):
+            print(line)
     if args.csv_out:
         summary.write_csv(records, args.csv_out)
         console.print(f"wrote {len(records)} rows to {args.csv_out}")

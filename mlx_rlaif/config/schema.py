@@ -373,6 +373,14 @@ class ExecConfig:
     uid_base: int = opt(64000, "When mlx-rlaif runs as root: student code runs as uids uid_base, "
                         "uid_base + 1, ... (one per parallel slot; no account may use them).",
                         _pos)
+    hack_penalty: float = opt(
+        0.0, "Subtracted from the exec reward (floored at 0) of a completion that raises a "
+        "reward-hacking signal (docs/reliability.md); at build_weight + tests_weight or more it "
+        "zeroes it. 0: off, the signals are only logged. Off by default: penalizing a detector "
+        "teaches the policy to evade the detector, and a hack it cannot name is still contained "
+        "by the sandbox.", _nonneg)
+    hack_penalty_signals: tuple[str, ...] = opt(
+        (), "The signals hack_penalty applies to (e.g. [eq_override, exit_call]); empty: all.")
 
 
 @dataclass(frozen=True)

@@ -217,12 +217,23 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
         )
     if names := components([m]):
         rows.append(("Components", "  ".join(component_cell(m, n) for n in names)))
+    if "hack/frac" in m:
+        rows.append(("Hacking", hack_text(m)))
     if "turns/mean" in m:
         passes = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in m.items()
                         if k.startswith("turns/pass_at_"))
         rows.append(("Turns", f"mean {fmt(m.get('turns/mean'), '.2f')} answers  pass "
                      + "  ".join(f"after {k}: {fmt(v, '.0%')}" for k, v in passes)))
     return rows
+
+
+def hack_text(m: Mapping[str, Any]) -> str:
+    """`12% of completions flagged: special_casing 3, exit_call 1` (hack/* metrics)."""
+    counts = sorted(((k[5:], v) for k, v in m.items()
+                     if k.startswith("hack/") and k != "hack/frac" and finite(v)),
+                    key=lambda kv: (-kv[1], kv[0]))
+    top = ", ".join(f"{k} {v:.0f}" for k, v in counts[:4])
+    return f"{fmt(m.get('hack/frac'), '.0%')} of completions flagged" + (f": {top}" if top else "")
 
 
 def eval_text(evals: Sequence[tuple[int, Mapping[str, Any]]]) -> str:
@@ -432,6 +443,7 @@ PLAIN_FIELDS = (
     ("kl", "kl/mean", ".4g"),
     ("loss", "loss/total", ".4g"),
     ("clip", "policy/clipfrac", ".3f"),
+    ("hacking", "hack/frac", ".0%"),
     ("gen tok/s", "gen/tokens_per_sec", ".1f"),
     ("train tok/s", "train/tokens_per_sec", ".1f"),
     ("step s", "time/step", ".2f"),

@@ -7,7 +7,9 @@
 baseline, KL blow-up, all-zero-variance batches (no learning signal), low diversity, generation
 bottleneck, many unscorable completions, skipped (non-finite) updates, a sampler that disagrees
 with the trainer (policy/sampler_kl, uncorrected), an entropy collapse (policy/entropy below a
-fraction of its first steps' mean, with the usual remedies), and (reward type mix) a
+fraction of its first steps' mean, with the usual remedies), reward-hacking signals rising
+(hack/frac above a floor and above twice its early-run rate, naming the commonest signal and a
+task that raised it), and (reward type mix) a
 judge that pays for failing code: it scores a failing answer above a passing one of the same task
 too often (`teacher/fail_over_pass`), or its scores stop rising with the exec reward
 (`teacher/exec_corr`), over the mix's agreement window.
@@ -50,6 +52,13 @@ class Thresholds:
     """policy/entropy below this fraction of its first steps' mean is a collapse."""
     entropy_first_steps: int = 3
     """The steps whose mean policy/entropy is the collapse check's reference."""
+    hack_floor: float = 0.05
+    """hack/frac (completions raising a reward-hacking signal) at or below this never warns."""
+    hack_rise: float = 2.0
+    """hack/frac warns above this many times its early-run rate (and above hack_floor)."""
+    hack_first_steps: int = 3
+    """The early-run rate: the mean hack/frac of the run's first steps (up to this many) before
+    the window checked."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,7 @@ def summarize(window: Sequence[Mapping], ema: float | None) -> dict[str, float |
         "frac_none": mean(_col(window, "reward/frac_none")),
         "skipped": sum(_col(window, "optim/skipped")),
         "entropy": mean(_col(window, "policy/entropy")),
+        "hack_frac": mean(_col(window, "hack/frac")),
         "sampler_kl": mean(_col(window, "policy/sampler_kl")),
         "sampler_far_frac": mean(_col(window, "policy/sampler_far_frac")),
         "is_corrected": 1.0 if _col(window, "policy/is_weight_mean") else 0.0,
@@ -152,6 +162,32 @@ def entropy_issue(v: Mapping[str, float | None], start: float | None, th: Thresh
             "training.learning_rate, or hold it nearer the base with rl.kl_penalty")
 
 
+def commonest_signal(window: Sequence[Mapping]) -> str | None:
+    """The hacking signal raised by the most completions over the window (`hack/<name>`)."""
+    totals: dict[str, float] = {}
+    for r in window:
+        for k, x in r.items():
+            if k.startswith("hack/") and k != "hack/frac" and finite(x) is not None:
+                totals[k[5:]] = totals.get(k[5:], 0.0) + float(x)
+    return max(sorted(totals), key=lambda k: totals[k]) if totals else None
+
+
+def hack_issue(window: Sequence[Mapping], v: Mapping[str, float | None], early: float | None,
+               th: Thresholds, examples: Mapping[str, str] | None = None) -> str | None:
+    """hack/frac rose: above th.hack_floor and th.hack_rise times its early-run rate `early`
+    (None: no steps before the window yet, no warning); names the commonest signal and one task
+    that raised it (`examples`: signal -> task id)."""
+    now = v.get("hack_frac")
+    if now is None or early is None or now <= max(th.hack_floor, th.hack_rise * early):
+        return None
+    name = commonest_signal(window) or "?"
+    task = (examples or {}).get(name)
+    return (f"reward hacking signals rising ({now:.0%} of completions, {early:.0%} early in the "
+            f"run): commonest {name}" + (f", e.g. task {task}" if task else "")
+            + ": read samples.jsonl's signals; the reward, not the model, may be what is "
+            "optimized (docs/reliability.md)")
+
+
 def issues(
     window: Sequence[Mapping],
     v: Mapping[str, float | None],
@@ -159,6 +195,8 @@ def issues(
     checks_done: int,
     th: Thresholds,
     entropy_start: float | None = None,
+    hack_early: float | None = None,
+    hack_examples: Mapping[str, str] | None = None,
 ) -> list[str]:
     out = []
     ema = v["reward_ema"]
@@ -185,7 +223,8 @@ def issues(
         out.append(f"{v['skipped']:.0f} updates skipped (non-finite loss or gradient)")
     if (judged := judge_issue(v, th)) is not None:
         out.append(judged)
-    for found in (sampler_issue(v, th), entropy_issue(v, entropy_start, th)):
+    for found in (sampler_issue(v, th), entropy_issue(v, entropy_start, th),
+                  hack_issue(window, v, hack_early, th, hack_examples)):
         if found is not None:
             out.append(found)
     return out
@@ -214,6 +253,8 @@ def format_line(v: Mapping[str, float | None], where: str, problems: Sequence[st
     )
     if v.get("sampler_kl") is not None:
         parts.append(f"sampler_kl={v['sampler_kl']:.2g}")
+    if v.get("hack_frac"):
+        parts.append(f"hacking={v['hack_frac']:.0%}")
     if "judge_pairs" in v:
         parts.append(f"judge(corr={_fmt(v.get('judge_exec_corr'), '.2f')}, "
                      f"fail>pass={_fmt(v.get('judge_fail_over_pass'), '.2f')})")
@@ -230,11 +271,15 @@ def check(
     checks_done: int = 0,
     th: Thresholds = Thresholds(),
     entropy_start: float | None = None,
+    hack_early: float | None = None,
+    hack_examples: Mapping[str, str] | None = None,
 ) -> HealthReport:
     """The health of the last N steps (`window`, each a step's metrics dict); `entropy_start`:
-    the mean policy/entropy of the run's first th.entropy_first_steps steps (None: not yet)."""
+    the mean policy/entropy of the run's first th.entropy_first_steps steps (None: not yet);
+    `hack_early`: hack/frac early in the run (`hack_issue`), `hack_examples` a task per signal."""
     v = summarize(window, ema)
-    problems = issues(window, v, baseline, checks_done, th, entropy_start)
+    problems = issues(window, v, baseline, checks_done, th, entropy_start, hack_early,
+                      hack_examples)
     where = _where(window[-1] if window else {}, step)
     return HealthReport(step, not problems, format_line(v, where, problems), tuple(problems), v)
 

@@ -95,6 +95,9 @@ class MetricsHub:
         self._window: deque = deque(maxlen=cfg.health_check_interval_batches)
         self._checks = 0
         self._entropy_first: list[float] = []  # the first steps' policy/entropy (health check)
+        self._hack_first: list[float] = []  # the first steps' hack/frac (health check)
+        self._hack_examples: dict[str, str] = {}  # signal -> the latest task that raised it
+        self._steps = 0  # steps logged (resumed runs: with the earlier ones)
         self._epoch_samples = 0
         self._summary: str | None = None
         self.view.start()  # last: nothing after it can fail and leave the terminal in live mode
@@ -146,6 +149,8 @@ class MetricsHub:
         earlier = [r for r in batches if isinstance(r.get("step"), int) and r["step"] < before_step]
         self._window.extend(earlier[-self._window.maxlen :])
         self._entropy_first = health.first_entropy(earlier, health.Thresholds.entropy_first_steps)
+        self._hack_first = first_hack(earlier, health.Thresholds.hack_first_steps)
+        self._steps = len(earlier)
         self.view.restore(earlier)
         if self._baseline is not None:
             self.run_stats.set_baseline(*self._baseline)
@@ -179,6 +184,9 @@ class MetricsHub:
         self._window.append(record)
         self._entropy_first = (self._entropy_first + health.first_entropy([record], 1))[
             : health.Thresholds.entropy_first_steps]
+        self._hack_first = (self._hack_first + first_hack([record], 1))[
+            : health.Thresholds.hack_first_steps]
+        self._steps += 1
         if self.cfg.health_check_enabled and step % self.cfg.health_check_interval_batches == 0:
             self._health(step)
 
@@ -191,15 +199,27 @@ class MetricsHub:
             self._checks,
             entropy_start=mean(self._entropy_first)
             if len(self._entropy_first) == health.Thresholds.entropy_first_steps else None,
+            hack_early=self._hack_early(),
+            hack_examples=dict(self._hack_examples),
         )
         self._checks += 1
         self._files["health"].write({"timestamp": _now(), **report.record()})
         self.view.health(report)
 
+    def _hack_early(self) -> float | None:
+        """hack/frac early in the run: the mean of its first steps (up to
+        Thresholds.hack_first_steps) that came before the window the check reads."""
+        k = min(len(self._hack_first), self._steps - len(self._window))
+        return mean(self._hack_first[:k]) if k > 0 else None
+
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
         """Per-completion records: the first `samples_per_step` go to samples.jsonl, all of them
-        to the dataset; the last one shows in the dashboard."""
+        to the dataset; the last one shows in the dashboard. Each signal's latest task is kept
+        for the health check."""
         stamped = [{"step": step, "timestamp": _now(), **s} for s in samples]
+        for s in samples:
+            for name in s.get("signals") or ():
+                self._hack_examples[str(name)] = str(s.get("task_id", "?"))
         self._files["samples"].write_many(stamped[: self.cfg.samples_per_step])
         if self.dataset is not None:
             self.dataset.add(stamped)
@@ -255,6 +275,12 @@ class MetricsHub:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def first_hack(records: Sequence[Mapping], n: int) -> list[float]:
+    """hack/frac of the first `n` records that report it, in step order."""
+    ordered = sorted(records, key=lambda r: r.get("step") or 0)
+    return [x for r in ordered if (x := finite(r.get("hack/frac"))) is not None][:n]
 
 
 def epoch_line(agg: Mapping[str, Any]) -> str:

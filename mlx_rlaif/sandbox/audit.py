@@ -5,7 +5,8 @@ help (audit_hook.py is the part inside the sandbox).
 launcher before any student code) and the event pipe (only its write end goes into the sandbox).
 `spec(box, writable)` is what `Sandbox.start(audit=...)` passes to the launcher; after the run,
 `read()` returns an `Observed`: each kind the hook reported (with the first detail), how many
-runs started, how each run that reached its end ended, and lines that are not the hook's
+runs started (and reached the function server's loop), how each run that reached its end ended,
+and lines that are not the hook's
 (a forged or garbled channel). Whether a silent end (no `end` line from a run that exited by
 itself) or a forged line means tampering is decided with the run's result (rewards/exec).
 
@@ -32,6 +33,7 @@ class Observed:
     `counts` kind -> events seen (from the end lines); `forged` lines not written by the hook."""
 
     starts: int = 0
+    serving: int = 0
     events: dict[str, str] = field(default_factory=dict)
     ends: list[tuple[str, str]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
@@ -104,6 +106,8 @@ def parse(text: str, key: str) -> Observed:
         what, rest = words[2], words[3:]
         if what == "start":
             seen.starts += 1
+        elif what == "serving":
+            seen.serving += 1
         elif what == "event" and len(rest) >= 2:
             seen.events.setdefault(rest[0], rest[1])
             seen.counts[rest[0]] = max(seen.counts.get(rest[0], 0), 1)

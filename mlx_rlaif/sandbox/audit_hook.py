@@ -22,8 +22,10 @@ Channel: a pipe whose only write end is inherited (`cfg["fd"]`), made non-blocki
 never stalls the program. Each line is `KEY SEQ WHAT ...`: KEY is a per-run secret the trusted
 side sent over a second pipe, read by the launcher before any student code (the process holds it
 only in memory), so a line the student writes is told apart from ours. `start PID` is written at
-install, `event KIND DETAIL` per new kind, `end PID HOW CODE` by the launcher when the program
-returns or raises (never after os._exit, a kill, or a closed channel: the trusted side notices).
+install, `event KIND DETAIL` per new kind, `serving PID` when the harness's function server
+starts answering (its audit event `mlx_rlaif.serving`, after the solution loaded), `end PID HOW
+CODE` by the launcher when the program returns or raises (never after os._exit, a kill, or a
+closed channel: the trusted side notices).
 
 Not covered: events CPython does not audit (file reads through an fd the student already
 holds, raw syscalls through ctypes after the first ctypes event, os._exit itself); C extensions
@@ -125,6 +127,9 @@ def install(cfg):
 
     def hook(event, args):
         try:
+            if event == "mlx_rlaif.serving":  # the harness, once the solution has loaded
+                say("serving", os.getpid())
+                return
             kind = _kind(event, args, cfg, cwd)
             if kind is None:
                 return

@@ -235,11 +235,12 @@ class Sandbox:
     def start(self, box: Box, argv: Sequence[str], limits: Limits, *, python_file: bool = False,
               stdin: IO[bytes] | None = None, keep_fds: Sequence[int] = (),
               env: dict[str, str] | None = None, runs: dict | None = None,
-              program_dir: Path | None = None) -> Running:
+              program_dir: Path | None = None, audit: dict | None = None) -> Running:
         """Start `argv` in `box`. With `python_file`, argv[0] is a Python file run by our
         interpreter (paths as seen inside the box). `keep_fds` stay open in the program.
         `runs` (runs.py) makes the launcher serve many runs of argv; `program_dir` is bound
-        read-only at runs.PROGRAM under bwrap."""
+        read-only at runs.PROGRAM under bwrap. `audit` (audit.py's `Channel.spec`): the launcher
+        installs the audit hook before the Python program; its fds are passed to the run."""
         # unnamed files (closed by Running.wait): nothing else can open them by path
         out, err, status, info = (tempfile.TemporaryFile() for _ in range(4))  # noqa: SIM115
         spec = {"status_fd": status.fileno(), "limits": limits.rlimits(), "uid": box.uid,
@@ -250,6 +251,9 @@ class Sandbox:
                 "no_new_privs": self.mode == "process" and sys.platform.startswith("linux")}
         if runs is not None:
             spec["runs"] = runs
+        if audit is not None:
+            spec["audit"] = audit
+            keep_fds = (*keep_fds, audit["fd"], audit["key_fd"])
         if self.mode == "seatbelt" and box.uid is None:  # the profile forbids `ps` inside
             spec["processes_now"] = seatbelt.processes_of(os.getuid())
         cmd = [self.python, "-I", "-S", "-c", LAUNCHER, repr(spec)]

@@ -122,6 +122,8 @@ def _enter(spec, status):
             raise OSError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(_errno())}")
         os.umask(0o077)
         keep = {0, 1, 2, status, *spec.get("keep_fds", ())}
+        if spec.get("audit"):  # the audit channel's write end (audit_hook.py)
+            keep.add(spec["audit"]["fd"])
         for fd in _open_fds():
             if fd not in keep:
                 _try(os.close, fd)
@@ -131,7 +133,7 @@ def _enter(spec, status):
     _say(status, "R")
     if spec.get("python_file"):
         os.close(status)
-        _run_python(spec["python_file"], spec["argv"])
+        _run_python(spec["python_file"], spec["argv"], spec.get("audit"))
     os.set_inheritable(status, False)
     try:
         os.execv(spec["argv"][0], spec["argv"])
@@ -155,15 +157,43 @@ def _open_fds():
     return list(range(3, 256))
 
 
-def _run_python(path, argv):
-    """Run a Python file as __main__ in this interpreter (saves a second interpreter start)."""
+def _run_python(path, argv, audit=None):
+    """Run a Python file as __main__ in this interpreter (saves a second interpreter start).
+    With `audit` (audit_hook.py), its hook is installed first and told how the program ended."""
     import builtins
 
     sys.argv = list(argv)
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec")
-    exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
+    end = _audit(audit) if audit else None
+    try:
+        exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
+    except SystemExit as e:
+        if end:
+            end("exit", e.code)
+        raise
+    except BaseException as e:
+        if end:
+            end("raise", type(e).__name__)
+        raise
+    if end:
+        end("return", 0)
     sys.exit(0)
+
+
+def _audit_key(audit):
+    """Read the audit channel's key (audit.py) before any program code runs: it is then only in
+    this process's memory, never in its argv or environment."""
+    fd = audit.pop("key_fd")
+    audit["key"] = os.read(fd, 32).decode()  # audit.py KEY_BYTES
+    os.close(fd)
+
+
+def _audit(audit):
+    """Install the audit hook (audit_hook.py's text, in the spec); its `end` reporter."""
+    ns = {"__name__": "audit_hook"}
+    exec(audit.pop("code"), ns)
+    return ns["install"](audit)
 
 
 def _kill_uid(uid, gid):
@@ -502,6 +532,8 @@ def main():
     # lists): no names are available to it, and importing json would cost milliseconds per run
     spec = eval(sys.argv[1], {"__builtins__": {}}, {})
     status = spec["status_fd"]
+    if spec.get("audit"):
+        _audit_key(spec["audit"])
     if spec.get("runs"):
         _serve_runs(spec, status)
     if spec.get("supervise"):

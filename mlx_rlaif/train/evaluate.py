@@ -21,6 +21,7 @@ import numpy as np
 from ..backends.ops import Sample
 from ..backends.sampling import SamplingParams, prompt_formatter
 from ..records import Reward, Rollout, Task
+from ..rewards import signals as hacks
 from ..rewards.base import RewardFn
 from .multiturn import hidden_tasks, responder
 
@@ -97,6 +98,7 @@ def _row(task: Task, group: list, firsts: list[Reward] | None = None) -> dict[st
         "rewards": vals, "passed": [passed(rw) for _, rw in group],
         "completions": [r.text for r, _ in group],
         "reasons": [rw.reason for _, rw in group],
+        "signals": [{s["name"]: s["reason"] for s in hacks.of(rw)} for _, rw in group],
     }
     if firsts is not None:
         row["correct_turn1"] = sum(passed(rw) for rw in firsts)
@@ -111,6 +113,8 @@ def summarize(rows: list[dict], n: int, ks: Sequence[int]) -> dict[str, Any]:
             res[f"pass@{k}"] = float(np.mean([pass_at_k(r["n"], r["correct"], k) for r in rows]))
     vals = [v for r in rows for v in r["rewards"] if v is not None]
     res["reward_mean"] = float(np.mean(vals)) if vals else float("nan")
+    res["hacking"] = hacks.tally((r["id"], found) for r in rows for found in r.get("signals", []))
+    res["hack_frac"] = res["hacking"]["flagged"] / max(res["hacking"]["completions"], 1)
     if rows and "correct_turn1" in rows[0]:
         res["pass@1_turn1"] = float(np.mean([pass_at_k(r["n"], r["correct_turn1"], 1)
                                              for r in rows]))

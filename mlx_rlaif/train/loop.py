@@ -81,8 +81,8 @@ def loop(run: Run, tasks: list[Task], steps: int | None, hub: Any,
                         "time/training_s": time.monotonic() - started})
         if cfg.training.max_memory_gb:  # the memory plan's budget (train/memory_plan.py)
             metrics["memory/budget_gb"] = cfg.training.max_memory_gb
+        hub.log_samples(run.state.step, samples)  # first: the health check names their tasks
         hub.log_step(run.state.step, metrics)
-        hub.log_samples(run.state.step, samples)
         run.stop = stop
         if epoch_end:  # the passes completed (dynamic sampling may complete several a step)
             hub.end_epoch(stream.epoch)

@@ -28,6 +28,7 @@ from ..algo.gae import masked_gae, token_rewards, whiten
 from ..config import Config, prompts_per_step
 from ..faults import fault
 from ..records import Reward, Rollout, Task
+from ..rewards import signals as hacks
 from .carry import Group
 from .draws import apart, flatten, groups_of
 from .dynamic import collect
@@ -337,6 +338,7 @@ def step_metrics(rollouts: list[Rollout], rewards: list[Reward], adv: advantages
         parts = [p for p in parts if p is not None]
         if parts:
             m[f"reward/part/{name}"] = float(np.mean(parts))
+    m.update(hacks.step_metrics(rewards))  # hack/frac, hack/<signal> (rewards/signals.py)
     return m
 
 
@@ -353,6 +355,8 @@ def sample_records(step: int, rollouts: list[Rollout], rewards: list[Reward],
         "advantage": float(a), "reason": rw.reason, "rationale": _detail(rw, "rationale"),
         "truncated": r.truncated, "teacher_code": _detail(rw, "teacher_code"),
         "teacher_score": _detail(rw, "teacher_score"), "split": split,
+        "signals": hacks.names_of(rw),
+        "signal_reasons": {s["name"]: s["reason"] for s in hacks.of(rw)},
         **({"turns": [{"answer": t.text, "feedback": t.feedback, "passed": t.passed}
                       for t in r.turns]} if len(r.turns) > 1 else {}),
     } for r, rw, a in zip(rollouts, rewards, adv, strict=True)]

@@ -160,6 +160,7 @@ def serve(solution, entry, req_fd, resp_fd):
     names = {"__builtins__": {}, "inf": float("inf"), "nan": float("nan"), "set": set,
              "frozenset": frozenset}
     requests = os.fdopen(req_fd, "rb")
+    sys.audit("mlx_rlaif.serving")  # to the audit hook, if any: the solution loaded (audit.py)
     fn = None
     for line in requests:
         call_id, args, kwargs = eval(line, names)

@@ -71,7 +71,9 @@ from ...errors import ConfigError
 from ...records import Reward, Task, extract_code
 from ...sandbox import Box, Limits, Running, Sandbox, SandboxError, seatbelt
 from ...sandbox.runs import run_each
+from ..signals import NAMES, penalize
 from . import harness as wire
+from . import signals as hacks
 from .tasks import (
     Unscorable,
     instrument_check,
@@ -86,6 +88,7 @@ from .tasks import (
     task_format,
     unit_results,
 )
+from .watch import answered_calls, answered_units, watched
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +169,7 @@ class ExecReward:
 
     def __init__(self, cfg: ExecConfig, languages: set[str] | None = None):
         self.cfg = cfg
+        check_penalty(cfg)
         self.workers = cfg.workers or os.cpu_count() or 1
         self.toolchains: dict[str, Toolchain] = {}
         self._missing: dict[str, str] = {}
@@ -246,7 +250,6 @@ class ExecReward:
             out["exec/completions"], 1.0)
         return out
 
-
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
@@ -290,6 +293,7 @@ class ExecReward:
         else:
             program = extract_code(completion, task.language)
         n = len(task.tests) if fmt != "humaneval" else len(instrument_check(task.test)[1]) or 1
+        found: list[dict[str, str]] = []  # runtime hacking signals (signals.py)
         with self.sandbox.box() as box:
             # a completion with no code of its own must not earn the build credit of the
             # prompt's stub (an empty answer to a HumanEval-style prompt parses)
@@ -299,16 +303,18 @@ class ExecReward:
                 results = [result(f"test {i}", False, "build_error", build_error[:300])
                            for i in range(n)]
             elif fmt == "humaneval":
-                results = self._humaneval(box, task)
+                results = self._humaneval(box, task, found)
             elif fmt == "calls":
-                results = self._calls(box, task, stop)
+                results = self._calls(box, task, stop, found)
             else:
-                results = self._stdio(box, task, tc, stop)
+                results = self._stdio(box, task, tc, stop, found)
         details = {"format": fmt, "language": task.language, "sandbox": self.sandbox.mode,
                    "seconds": round(time.monotonic() - t0, 3)}
         if build_error is not None:
             details["build_log"] = build_error[:2000]
-        return make_reward(results, build_error is None, self.cfg, details)
+        details["signals"] = hacks.merge(static_signals(task, completion, fmt), found)
+        return penalize(make_reward(results, build_error is None, self.cfg, details),
+                        self.cfg.hack_penalty, self.cfg.hack_penalty_signals)
 
     # building ---------------------------------------------------------------------------------
 
@@ -337,12 +343,13 @@ class ExecReward:
 
     # HumanEval: check(candidate) in its own sandbox ------------------------------------------
 
-    def _humaneval(self, box: Box, task: Task) -> list[dict]:
+    def _humaneval(self, box: Box, task: Task, found: list[dict[str, str]]) -> list[dict]:
         source, units = instrument_check(task.test or "")
         limits = self._limits()
         harness = box.write("harness.py", HARNESS)
         serve = [harness, "serve", f"{box.inside}/{_SOURCE['python']}", task.entry_point or ""]
-        with self.sandbox.box() as cbox, tempfile.TemporaryFile() as verdicts:
+        with self.sandbox.box() as cbox, tempfile.TemporaryFile() as verdicts, \
+                watched(self.sandbox, box) as watch:
             spec = {"prompt": prompt_code(task.prompt), "test": source, "units": len(units),
                     "entry_point": task.entry_point}
             check = [cbox.write("harness.py", HARNESS), "check", cbox.write("task.json", _dumps(spec))]
@@ -351,7 +358,9 @@ class ExecReward:
             vfd = verdicts.fileno()
             try:
                 student = self.sandbox.start(box, [*serve, str(req_r), str(resp_w)], limits,
-                                             python_file=True, keep_fds=(req_r, resp_w))
+                                             python_file=True, keep_fds=(req_r, resp_w),
+                                             audit=watch.spec)
+                watch.started(student)
                 try:
                     checker = self.sandbox.start(
                         cbox, [*check, str(req_w), str(resp_r), str(vfd)], limits,
@@ -369,6 +378,7 @@ class ExecReward:
             student_error = _sandbox_error(student)
             verdicts.seek(0)
             lines = verdicts.read().decode(errors="replace").splitlines()
+            found.extend(watch.signals(answered_units(lines)))
         results = unit_results(list(units) or ["check(candidate)"], lines, checked)
         if student_error is not None and any(r["reason"] == "crash" for r in results):
             raise student_error  # the student's sandbox failed, not the student
@@ -376,7 +386,15 @@ class ExecReward:
 
     # function calls compared in the trainer ----------------------------------------------------
 
-    def _calls(self, box: Box, task: Task, stop: bool = False) -> list[dict]:
+    def _calls(self, box: Box, task: Task, stop: bool = False,
+               found: list[dict[str, str]] | None = None) -> list[dict]:
+        with watched(self.sandbox, box) as watch:
+            results = self._serve_calls(box, task, stop, watch)
+            if found is not None:
+                found.extend(watch.signals(answered_calls(results)))
+            return results
+
+    def _serve_calls(self, box: Box, task: Task, stop: bool, watch) -> list[dict]:
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
         harness = box.write("harness.py", HARNESS)
@@ -384,7 +402,8 @@ class ExecReward:
                 str(req_r), str(resp_w)]
         try:
             run = self.sandbox.start(box, argv, self._limits(), python_file=True,
-                                     keep_fds=(req_r, resp_w))
+                                     keep_fds=(req_r, resp_w), audit=watch.spec)
+            watch.started(run)
         except BaseException:
             _close(req_w, resp_r)
             raise
@@ -404,6 +423,9 @@ class ExecReward:
                     results.append(self._one_call(i, t, req_w, reader))
         finally:
             _close(req_w, resp_r)
+            if reader.dead == "the solution process exited":  # let it end by itself: how it
+                with suppress(subprocess.TimeoutExpired):     # ended is a hacking signal
+                    run.proc.wait(timeout=0.5)
             run.stop()
         error = _sandbox_error(run)
         if error is not None and any(r["reason"] == "crash" for r in results):
@@ -440,7 +462,8 @@ class ExecReward:
 
     # programs: stdin -> stdout, one sandbox, one run per test (sandbox/runs.py) ----------------
 
-    def _stdio(self, box: Box, task: Task, tc: Toolchain, stop: bool = False) -> list[dict]:
+    def _stdio(self, box: Box, task: Task, tc: Toolchain, stop: bool = False,
+               found: list[dict[str, str]] | None = None) -> list[dict]:
         program, py = (_SOURCE["python"], True) if tc.compiler is None else ("prog", False)
         stdins = [str(t.get("stdin", "")).encode() for t in task.tests]
         results: list[dict] = []
@@ -449,6 +472,8 @@ class ExecReward:
         try:
             for i, r in enumerate(runs):
                 results.append(judge_output(f"test {i}", r, str(task.tests[i]["stdout"])))
+                if found is not None:
+                    found.extend(hacks.result_signals([r]))
                 if r.timed_out:
                     rest = "timeout"
                     break
@@ -609,3 +634,19 @@ def _dumps(obj: Any) -> str:
     import json
 
     return json.dumps(obj, default=repr)
+
+
+def static_signals(task: Task, completion: str, fmt: str) -> list[dict[str, str]]:
+    """The hacking signals of the student's own code, read without running it (signals.py)."""
+    code = extract_code(completion, task.language)
+    if task.language == "python":
+        return hacks.python_static(task, code, fmt)
+    return hacks.native_static(task, code)
+
+
+def check_penalty(cfg: ExecConfig) -> None:
+    """A ConfigError naming a signal in reward.exec.hack_penalty_signals that does not exist."""
+    unknown = [n for n in cfg.hack_penalty_signals if n not in NAMES]
+    if unknown:
+        raise ConfigError(f"reward.exec.hack_penalty_signals: unknown signal {unknown[0]!r}: use "
+                          f"names from {', '.join(sorted(NAMES))}")

@@ -1,8 +1,8 @@
 """The audit channel around one sandboxed Python run of the student's code (the function server
-of a HumanEval or function-call task): `watched(sandbox, box, found)` makes the channel, gives
-its spec to `Sandbox.start(audit=...)` and, when the block ends, adds to `found` the runtime
-signals (signals.py `audit_signals`, `result_signals`) of what the hook reported and how the
-run ended.
+of a HumanEval or function-call task): `watched(sandbox, box)` makes the channel and yields a
+`Watch` whose `spec` goes to `Sandbox.start(audit=...)`; once the run has been stopped,
+`watch.signals(answered)` reads the channel and gives the runtime signals (signals.py
+`audit_signals`, `result_signals`) of what the hook reported and how the run ended.
 
 Not covered: stdin/stdout programs (their runs are served by sandbox/runs.py, which passes no
 audit spec yet: for them only the run results' signals and the static read count).
@@ -29,23 +29,36 @@ class Watch:
         self.runs.append(run)
         self.channel.opened()
 
-
-@contextmanager
-def watched(sandbox: Sandbox, box: Box, found: list[dict[str, str]], serve: bool = True
-            ) -> Iterator[Watch]:
-    channel = Channel()
-    writable = [box.inside, "/tmp"] if sandbox.mode == "bwrap" else [box.inside]
-    watch = Watch(channel.spec(box.inside, writable, serve), channel)
-    try:
-        yield watch
+    def signals(self, answered: bool) -> list[dict[str, str]]:
+        """The runtime signals, once every run has ended (`answered`: the student's process
+        answered at least one call); none where our sandbox failed."""
         results = []
-        for run in watch.runs:
+        for run in self.runs:
             try:
                 results.append(run.wait())
             except SandboxError:
-                return  # our failure: the caller raises it or scores without this run
-        if results:
-            found.extend(merge(audit_signals(channel.read(), results, serve),
-                               result_signals(results)))
+                return []  # our failure: the caller raises it or scores without this run
+        if not results:
+            return []
+        return merge(audit_signals(self.channel.read(), results, True, answered),
+                     result_signals(results))
+
+
+@contextmanager
+def watched(sandbox: Sandbox, box: Box) -> Iterator[Watch]:
+    channel = Channel()
+    writable = [box.inside, "/tmp"] if sandbox.mode == "bwrap" else [box.inside]
+    try:
+        yield Watch(channel.spec(box.inside, writable, serve=True), channel)
     finally:
         channel.close()
+
+
+def answered_calls(results: list[dict]) -> bool:
+    """Whether the student's server answered a call (a value or an exception of its own)."""
+    return any(r["reason"] in ("passed", "wrong_answer") or "raised" in r for r in results)
+
+
+def answered_units(verdict_lines: list[str]) -> bool:
+    """Whether a HumanEval unit got past the student's answers (passed or compared wrong)."""
+    return any('"passed": true' in ln or '"wrong_answer"' in ln for ln in verdict_lines)

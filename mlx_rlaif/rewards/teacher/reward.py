@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 from ...config import TeacherConfig
 from ...errors import TeacherError
 from ...records import Reward, Task, extract_code, group_indices
+from ..signals import grader_text, with_signals
 from . import judge
 from .cache import AnswerCache, cache_key
 from .calls import Caller, Ledger, LoopThread, Reply
@@ -119,7 +120,9 @@ class TeacherReward:
         r*S+S-1, S = `samples`, each its own cache entry); training uses repeat 0."""
         if len(tasks) != len(completions):
             raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
-        return self._run_batch(self._score_all(list(tasks), list(completions), repeat))
+        rewards = self._run_batch(self._score_all(list(tasks), list(completions), repeat))
+        return [with_signals(r, grader_text(c, t.language))  # text addressed to the judge
+                for r, t, c in zip(rewards, tasks, completions, strict=True)]
 
     def score_orders(self, groups: Sequence[tuple[Task, Sequence[str], Sequence[int]]],
                      repeat: int = 0) -> list[list[Reward]]:
@@ -128,8 +131,10 @@ class TeacherReward:
         position correction); one list of rewards per group, in the completions' own order."""
         if self.cfg.mode != "rank":
             raise ValueError("score_orders needs reward.teacher.mode rank")
-        return self._run_batch(self._score_orders(
+        out = self._run_batch(self._score_orders(
             [(t, list(c), tuple(o)) for t, c, o in groups], repeat))
+        return [[with_signals(r, grader_text(c, t.language)) for r, c in zip(rs, cs, strict=True)]
+                for rs, (t, cs, _) in zip(out, groups, strict=True)]
 
     def _run_batch(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
