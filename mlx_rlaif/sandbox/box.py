@@ -27,8 +27,17 @@ When mlx-rlaif runs as root, each parallel slot runs its code as its own unprivi
 run, cannot read /proc/<pid>/environ of others, and all its processes can be killed with one
 `kill(-1)` from that uid. As root in process mode the run also gets a new network namespace
 (and no_new_privs: setuid binaries do not elevate it; bwrap mounts everything nosuid).
-Host-specific parts (mode choice, bwrap layout, seatbelt profile, uid pool) are in
-modes.py; the in-sandbox launcher is launcher.py.
+Host-specific parts (mode choice, bwrap layout, uid pool) are in modes.py, the macOS profile in
+seatbelt.py; the in-sandbox launcher is launcher.py.
+
+Where the trainer's own files live: one run's files (the checker's task and tests, the
+student's code and results) are in its box, or in unnamed temporary files (output, verdicts,
+a test's input), and are readable by that run's sandboxes only: not by a concurrent run, not
+by the next one (a box is removed when its runs end). Under bwrap a run sees only its own box
+(a private /tmp; the host's temporary directory is not mounted); under seatbelt the profile
+reads only its own box; in process mode as root each box is 0700 and owned by its slot's
+uid. In process mode as non-root it does not hold (every run has your uid), which is why
+`auto` never picks it there (tests/test_run_files.py, tests/test_isolation_choice.py).
 
 Not covered: memory touched faster than the watchdog polls (0.1 s; on Linux RLIMIT_AS still
 bounds each process), disk quotas (the box is bounded only by the file-size limit per file and
