@@ -216,6 +216,9 @@ def test_weighted_sum_none_left_out_and_metrics(fns):
     reward = ComponentsReward([("syntax", 1.0, SyntaxReward())],
                               [_function(fns, "none_for_b", 0.5), _function(fns, "length", 0.0)])
     try:
+        reward.score(_tasks(3), ["a", "b", "c"])  # no step set: a held-out evaluation
+        assert reward.metrics() == {}  # its completions stay out of the step's statistics
+        reward.step = 4
         out = reward.score(_tasks(3), ["a", "b", "def ("])
         assert [r.value for r in out] == [1.5, 1.0, 0.5]  # b: syntax alone; length: weight 0
         assert out[0].parts == {"syntax": 1.0, "syntax/parses": 1.0, "none_for_b": 1.0,
@@ -252,6 +255,7 @@ def test_an_error_stops_with_the_function_and_task_or_is_counted(fns):
     reward = ComponentsReward([], [_function(fns, "nan"), _function(fns, "length")],
                               on_error="unscorable", max_error_frac=1.0)
     try:
+        reward.step = 0
         out = reward.score(_tasks(2), ["a", "bb"])
         assert [r.value for r in out] == [1.0, 2.0] and out[0].parts["nan"] is None
         assert "returned float nan" in out[0].reason

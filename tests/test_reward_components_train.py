@@ -227,3 +227,24 @@ def test_eval_with_a_function(tmp_path):
     assert len(rows) == 2 and all(len(x["rewards"]) == 1 for x in rows)
     assert all((x["correct"] == 1) == x["passed"][0] for x in rows)
     assert "pass@1" in r.stdout
+
+
+def test_check_rewards_prints_a_table_of_every_component(tmp_path, fns):
+    """Reference solutions and a wrong answer of 2 tasks, each component a column; the exec
+    reward tells them apart, a function that pays everything the same does not."""
+    r = cli("check-rewards", "--set", "data.train_file=suite:synthetic-train", "--tasks", "2",
+            "--reward", f"{EXAMPLES / 'clean_pass.py'}:clean_pass@0.5", cwd=tmp_path,
+            timeout=300)
+    assert r.returncode == 0, r.stderr
+    head = next(x for x in r.stdout.splitlines() if "answer" in x)
+    assert all(c in head for c in ("task", "exec", "clean_pass", "reward"))
+    rows = [x for x in r.stdout.splitlines() if "│ reference" in x or "│ wrong" in x]
+    assert len(rows) == 4
+    assert all("1.000" in x for x in rows if "reference" in x)
+    assert r.stdout.strip().endswith("the wrong answer scores at least the reference on 0 of 2 "
+                                     "tasks")
+    r = cli("check-rewards", "--set", "data.train_file=suite:synthetic-train", "--tasks", "1",
+            "--set", f"reward.components=[{{kind: function, fn: '{fns}:raises_late'}}]",
+            cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr  # step 0: raises_late pays 0.5 to both answers
+    assert "on 1 of 1 tasks: synthetic/train/python/0000" in r.stdout

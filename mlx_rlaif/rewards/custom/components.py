@@ -16,7 +16,10 @@ A function's error, timeout or a value the contract refuses either raises Reward
 stops before its update) or makes that completion's value None for that component
 (`unscorable`), counted, with RewardError once more than `max_error_frac` of a batch errs.
 Per component, `metrics()` reports reward/<name>/mean, std, frac_none, errors, timeouts and
-seconds since its last call (the step's), and the built-ins' own metrics.
+seconds since its last call (the step's), and the built-ins' own metrics. Only batches scored
+for a training step count (the trainer sets `step` before it scores; `metrics()` clears it):
+the held-out evaluations' completions are scored the same way but stay out of the step's
+statistics.
 
 Not covered: per-task weights, components that depend on each other beyond the exec result.
 """
@@ -88,7 +91,7 @@ class ComponentsReward:
         self.weights = [w for _, w, _ in self.builtins] + [c.weight for c in self.customs]
         self.aggregation, self.on_error, self.max_error_frac = aggregation, on_error, \
             max_error_frac
-        self.step = 0
+        self.step: int | None = None  # set by the training step: its batches are counted
         self._tally = {n: _Tally() for n in self.names}
         self._pool = ThreadPoolExecutor(max(1, len(self.names)), thread_name_prefix="reward")
 
@@ -124,7 +127,8 @@ class ComponentsReward:
         if c.batched:
             chunks = list(group_indices([t.id for t in tasks]).values()) if c.group \
                 else [list(range(len(args)))]
-            outcomes = c.scorer([as_lists([args[i] for i in ix]) for ix in chunks], self.step)
+            outcomes = c.scorer([as_lists([args[i] for i in ix]) for ix in chunks],
+                                  self.step or 0)
             flat: list[tuple[Outcome, int]] = [None] * len(args)  # type: ignore[list-item]
             for ix, (status, value) in zip(chunks, outcomes, strict=True):
                 if status == "ok":
@@ -136,7 +140,7 @@ class ComponentsReward:
                     flat[i] = ((status, value[k] if status == "ok" else value), i)
             results = [o for o, _ in flat]
         else:
-            results = c.scorer(args, self.step)
+            results = c.scorer(args, self.step or 0)
         out, errors, timeouts = [], 0, 0
         for task, (status, value) in zip(tasks, results, strict=True):
             if status == "ok":
@@ -165,6 +169,8 @@ class ComponentsReward:
 
     def _count(self, name: str, out: list[_Scored], errors: int, timeouts: int,
                seconds: float) -> None:
+        if self.step is None:  # not a training step's batch (a held-out evaluation)
+            return
         t = self._tally[name]
         t.values += [s.value for s in out if s.value is not None]
         t.none += sum(s.value is None for s in out)
@@ -213,6 +219,7 @@ class ComponentsReward:
                         f"reward/{name}/timeouts": float(t.timeouts),
                         f"reward/{name}/seconds": t.seconds})
         self._tally = {n: _Tally() for n in self.names}
+        self.step = None
         return out
 
     def stop_reason(self) -> str | None:
