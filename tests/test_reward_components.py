@@ -433,3 +433,25 @@ def test_the_reward_model_example_scores_in_zero_one():
     score = _example("reward_model.py", "score")
     out = score(["def add(a, b):\n"] * 2, ["    return a + b\n", "zzzz qqqq"])
     assert all(0 < v <= 1 for v in out) and out[0] != out[1]
+
+
+def test_ranks_sum_component_errors_and_wait_for_the_slowest():
+    from mlx_rlaif.train.distributed_metrics import combine
+
+    out = combine([({"reward/f/errors": 1.0, "reward/f/timeouts": 0.0, "reward/f/seconds": 0.2,
+                     "reward/f/mean": 0.5}, 4),
+                   ({"reward/f/errors": 2.0, "reward/f/timeouts": 1.0, "reward/f/seconds": 0.5,
+                     "reward/f/mean": 1.0}, 4)])
+    assert out == {"reward/f/errors": 3.0, "reward/f/timeouts": 1.0, "reward/f/seconds": 0.5,
+                   "reward/f/mean": 0.75}
+
+
+def test_the_dashboard_shows_each_component():
+    from mlx_rlaif.metrics.dashboard import component_cell
+    from mlx_rlaif.metrics.stats import components
+
+    m = {"reward/mean": 0.5, "reward/fmt/mean": 0.62, "reward/fmt/std": 0.31,
+         "reward/fmt/frac_none": 0.25, "reward/fmt/errors": 0.0, "reward/fmt/timeouts": 2.0,
+         "reward/fmt/seconds": 0.01, "reward/exec/seconds": 0.2}
+    assert components([m]) == ["fmt", "exec"]
+    assert component_cell(m, "fmt") == "fmt 0.62±0.31 none 25% timeouts 2"

@@ -6,8 +6,10 @@ How a metric combines (`combine`), from each rank's value and its number of roll
 - already global (the same on every rank): `loss/`, `policy/`, `kl/`, `critic/`, `optim/`
   (the update sums its aux terms over the ranks), `scoring/` (rubric weights);
 - summed: counts and throughputs (`*/tokens`, `train/sequences`, the teacher's calls, tokens and
-  cost, `exec/` counters, `*_per_sec`: the ranks run side by side);
-- max: times (`time/`, `gen/seconds`: the step waits for the slowest rank), `reward/max`,
+  cost, `exec/` counters, a reward component's `reward/<name>/errors` and `timeouts`,
+  `*_per_sec`: the ranks run side by side);
+- max: times (`time/`, `gen/seconds`, `reward/<name>/seconds`: the step waits for the slowest
+  rank), `reward/max`,
   `gen/decode_width`, every `*_max` (each rank's own maximum); min: `reward/min`;
 - `reward/mean` weighted by each rank's scored rollouts, `reward/std` pooled exactly from the
   ranks' means and stds; everything else the mean weighted by n (exact for fractions and
@@ -55,6 +57,10 @@ def _combine_key(key: str, have: list[tuple[float, int, Mapping[str, float]]]) -
         return float(max(finite))
     if key.startswith(SAME):
         return values[0]
+    if key.startswith("reward/") and key.endswith(("/errors", "/timeouts")):  # a component's
+        return float(sum(finite))
+    if key.startswith("reward/") and key.endswith("/seconds"):  # (reward.components)
+        return float(max(finite))
     if key in SUM or key.endswith("_per_sec") or key.startswith("exec/"):
         return float(sum(finite))
     if key in MAX or key.startswith("time/"):
