@@ -132,6 +132,23 @@ def test_sixteen_bit_experts_run_in_float32_on_the_cpu_and_the_plan_counts_them(
     assert shape.weight_bytes == held and shape.act_bytes == 2
 
 
+def test_experts_left_in_16_bits_are_refused_in_one_line_naming_the_quantization(
+        arch_dirs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a 16-bit expert layer is not converted (here: the conversion switched off), the
+    CPU build's GatherMM error is one line naming model.quantize: 4, not a traceback."""
+    if mx.default_device() != mx.cpu:
+        pytest.skip("GatherMM's float32-only limit is the CPU build's")
+    from mlx_rlaif.backends.mlx import policy
+
+    monkeypatch.setattr(policy, "float32_experts", lambda model: 0)
+    with pytest.raises(UsageError) as e:
+        load_policy(str(arch_dirs("qwen3_moe", "bfloat16")))
+    line = str(e.value)
+    assert "\n" not in line
+    assert re.search(rf"the qwen3_moe model fails at first use in mlx-lm {VERSION} .*GatherMM.*"
+                     r"model\.quantize: 4", line), line
+
+
 @pytest.mark.parametrize("model_type", ["granite", "granitemoehybrid", "nemotron_h", "mistral3",
                                         "qwen3_5"])
 def test_the_head_splits_off_where_it_is_scaled_nested_or_under_a_backbone(
