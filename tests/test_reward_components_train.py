@@ -36,6 +36,10 @@ def forever(completion):
 
 def half(completion, task_id):
     return 0.5 if task_id == "add-7" else None
+
+def loud(completion):
+    print("hello from the function")
+    return 1.0
 '''
 
 
@@ -248,3 +252,14 @@ def test_check_rewards_prints_a_table_of_every_component(tmp_path, fns):
             cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr  # step 0: raises_late pays 0.5 to both answers
     assert "on 1 of 1 tasks: synthetic/train/python/0000" in r.stdout
+
+
+def test_what_a_function_prints_goes_to_stderr(tmp_path, fns):
+    """`score` without --out writes JSON lines to stdout: a function's prints must not mix in."""
+    src = tmp_path / "completions.jsonl"
+    src.write_text("".join(json.dumps(c) + "\n" for c in COMPLETIONS))
+    r = cli("score", "--reward", "syntax", "--reward", f"{fns}:loud", "--file", str(src),
+            cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["parts"]["loud"] for x in r.stdout.splitlines()] == [1.0, 1.0]
+    assert "hello from the function" in r.stderr

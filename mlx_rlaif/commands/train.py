@@ -75,7 +75,7 @@ def _output_dir(args: argparse.Namespace) -> str:
 
 def resolve(args: argparse.Namespace) -> tuple[Config, Path | None]:
     """The config and, with --resume, the checkpoint to continue."""
-    cfg = with_functions(load(config_path(args), overrides(args)), args.reward)
+    cfg = with_functions(load(config_path(args), overrides(args)), absolute(args.reward))
     resume_from = None
     if args.resume is not None:
         run_dir = Path(args.resume or cfg.training.output_dir)
@@ -101,6 +101,14 @@ def resolve_on_rank0(world: World, args: argparse.Namespace) -> tuple[Config, Pa
 
     raw = world.first(encoded, "exchange of rank 0's config")
     return from_dict(raw["config"]), Path(raw["resume"]) if raw["resume"] else None
+
+
+def absolute(specs: list[str]) -> list[str]:
+    """--reward FILE.py:fn@w with the file's path made absolute: the run's config.yaml keeps
+    it, so --resume finds the file from any directory."""
+    from ..rewards.custom.spec import absolute as one
+
+    return [one(s) for s in specs]
 
 
 def check(args: argparse.Namespace) -> None:

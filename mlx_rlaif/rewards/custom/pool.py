@@ -2,7 +2,8 @@
 
 `WorkerPool(spec, ...)` starts `workers` processes (fresh interpreters, `python -m
 mlx_rlaif.rewards.custom.worker`, talking over a socket pair: nothing of the trainer's state, no
-MLX, is inherited, and no `__main__` is imported again) that each load the function; `run(units, step)` spreads the argument sets
+MLX, is inherited, and no `__main__` is imported again; what the function prints goes to
+stderr, never into a command's output) that each load the function; `run(units, step)` spreads the argument sets
 over them and returns one outcome per set: ("ok", value), ("error", the exception's last line)
 or ("timeout", None). A worker silent for longer than the timeout past its last answer is
 killed (SIGKILL: a thread or an asyncio timeout cannot stop a function stuck in C code or a
@@ -59,7 +60,7 @@ class WorkerPool:
         with ours, theirs:
             p = subprocess.Popen([sys.executable, "-m", "mlx_rlaif.rewards.custom.worker",
                                   str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                                 stdin=subprocess.DEVNULL)
+                                 stdin=subprocess.DEVNULL, stdout=2)  # prints: to stderr
             conn = Connection(os.dup(ours.fileno()))
         conn.send(self._args)
         return _Worker(p, conn)
