@@ -70,3 +70,24 @@ def test_a_runs_files_are_its_own(sb: Sandbox) -> None:
                    python_file=True)
         assert r.ok and secret.encode() not in r.stdout + r.stderr, r.stdout
     assert not os.path.exists(checker.host)
+
+
+def test_a_programs_copy_is_its_own(sb: Sandbox) -> None:
+    """The stdin/stdout tests' program, copied out of the box for its runs (runs.py), is read by
+    those runs only: a concurrent run (another completion of the same group, say) cannot read
+    or execute it to pass on its work."""
+    from mlx_rlaif.sandbox.runs import run_each
+
+    secret = "solution-" + secrets.token_hex(8)
+    program = f"import time\n# {secret}\nprint(input())\ntime.sleep(2)\n"
+    patterns = ["/tmp/mlx-rlaif-prog-*/**", f"{tempfile.gettempdir()}/mlx-rlaif-prog-*/**",
+                "/prog/**"]
+    with sb.box() as owner, sb.box() as other:
+        owner.write("solution.py", program)
+        runs = run_each(sb, owner, "solution.py", [b"a\n", b"b\n"], LIMITS, python_file=True)
+        first = next(runs)  # the program directory exists while the runs go on
+        assert first.ok and first.stdout == b"a\n", first.stderr
+        r = sb.run(other, [other.write("search.py", SEARCH), *patterns], LIMITS,
+                   python_file=True)
+        assert r.ok and secret.encode() not in r.stdout + r.stderr, r.stdout
+        assert [x.stdout for x in runs] == [b"b\n"]

@@ -23,7 +23,8 @@ Why nothing of one test reaches the next one's input, output or verdict, per mod
   child subreaper: a double-forked, `setsid` daemon is still its descendant). A daemon could
   otherwise write into the next run's stdout through /proc.
 - files: the program and its source live outside the box, read-only (bwrap: bound read-only
-  at /prog; as root: owned by root); between runs the launcher empties the box (each run's
+  at /prog; as root: owned by root, readable only through the run's own group, so no other
+  run reads another completion's program); between runs the launcher empties the box (each run's
   working directory and HOME), in bwrap also the sandbox's private /tmp and /dev/shm, as root in
   process mode what the sandbox uid made in the host's /tmp, /var/tmp and /dev/shm during the
   run. System V IPC objects are removed (bwrap: all of its own IPC namespace; process mode as
@@ -79,7 +80,7 @@ def run_each(sb: Sandbox, box: Box, program: str, stdins: Sequence[bytes], limit
     if not reuses_sandbox(sb):
         yield from _one_sandbox_each(sb, box, program, data, stdins, limits, python_file)
         return
-    with program_dir(sb, program, data) as (host_dir, inside):
+    with program_dir(sb, program, data, box.gid) as (host_dir, inside):
         i = 0
         while i < len(stdins):
             session = Session(sb, box, inside, host_dir, limits, python_file)
@@ -106,8 +107,10 @@ def read_program(box: Box, name: str) -> bytes:
 
 
 @contextmanager
-def program_dir(sb: Sandbox, name: str, data: bytes) -> Iterator[tuple[Path, str]]:
-    """A fresh directory holding the program, which the runs can read but not change; yields
+def program_dir(sb: Sandbox, name: str, data: bytes, gid: int | None
+                ) -> Iterator[tuple[Path, str]]:
+    """A fresh directory holding the program, which the runs can read but not change, and no
+    other run can read (as root: owned by root, group `gid`, the box's; else ours, 0700); yields
     (its host directory, the program's path as the runs see it)."""
     try:
         host = Path(tempfile.mkdtemp(prefix="mlx-rlaif-prog-"))
@@ -117,7 +120,9 @@ def program_dir(sb: Sandbox, name: str, data: bytes) -> Iterator[tuple[Path, str
         path = host / name
         path.write_bytes(data)
         path.chmod(_mode(name))
-        host.chmod(0o755)
+        if gid is not None:  # the runs' uid reads it through its group; no other slot can
+            os.chown(host, 0, gid)
+        host.chmod(0o750 if gid is not None else 0o700)
         inside = f"{PROGRAM}/{name}" if sb.mode == "bwrap" else str(path)
         yield host, inside
     finally:
