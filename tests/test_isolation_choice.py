@@ -84,3 +84,11 @@ def test_train_without_bubblewrap_as_a_user_stops_with_the_fix(tmp_path: Path) -
     assert "no isolating sandbox works here (bwrap unavailable (bwrap not found on PATH))" \
         in errors[0] and all(f in errors[0] for f in FIX)
     assert not (run_dir / "batches.jsonl").exists()
+
+
+def test_doctor_says_the_same(tmp_path: Path) -> None:
+    proc = as_user_without_bwrap(tmp_path, "doctor", "--no-probe")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("sandbox"))
+    assert "cannot start: no isolating sandbox works here" in line
+    assert all(f in line for f in FIX) and "Traceback" not in proc.stderr
