@@ -455,3 +455,29 @@ def test_the_dashboard_shows_each_component():
          "reward/fmt/seconds": 0.01, "reward/exec/seconds": 0.2}
     assert components([m]) == ["fmt", "exec"]
     assert component_cell(m, "fmt") == "fmt 0.62±0.31 none 25% timeouts 2"
+
+
+def test_exec_the_judge_and_a_function_as_components(fns, tmp_path, monkeypatch):
+    """The teacher as one component of the list, against the fake OpenAI server: its value
+    (0.55 from the fake judge's scores) joins exec and a function in the weighted sum."""
+    from fake_api import FakeAPI
+
+    from mlx_rlaif.rewards.build import build_reward
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    task = Task(id="add", prompt="def add(a, b):\n", entry_point="add",
+                tests=({"args": [1, 2], "expected": 3},))
+    with FakeAPI() as server:
+        cfg = check(load(None, [
+            "reward.teacher.provider=openai", "reward.teacher.model=judge",
+            f"reward.teacher.base_url={server.openai_url}", "reward.teacher.reference=false",
+            "reward.exec.workers=1", f"reward.components=[{{kind: exec}}, {{kind: teacher, "
+            f"weight: 0.5, name: judge}}, {{kind: function, fn: '{fns}:length', weight: 0.1}}]"]))
+        reward = build_reward(cfg, tmp_path, {"python"}, {"prompt"})
+        try:
+            (out,) = reward.score([task], ["def add(a, b):\n    return a + b\n"])
+        finally:
+            reward.close()
+    assert out.parts["exec"] == 1.0 and out.parts["judge"] == pytest.approx(0.55)
+    assert out.value == pytest.approx(1.0 + 0.5 * 0.55 + 0.1 * out.parts["length"])
+    assert "judge/correctness" in out.parts
