@@ -481,3 +481,14 @@ def test_exec_the_judge_and_a_function_as_components(fns, tmp_path, monkeypatch)
     assert out.parts["exec"] == 1.0 and out.parts["judge"] == pytest.approx(0.55)
     assert out.value == pytest.approx(1.0 + 0.5 * 0.55 + 0.1 * out.parts["length"])
     assert "judge/correctness" in out.parts
+
+
+def test_tensorboard_gets_each_component():
+    from mlx_rlaif.metrics.stats import RunStats
+    from mlx_rlaif.metrics.tensorboard import step_scalars
+
+    m = {"reward/mean": 0.5, "reward/fmt/mean": 0.62, "reward/fmt/errors": 1.0,
+         "reward/fmt/std": float("nan")}
+    out = step_scalars(m, RunStats())
+    assert out["reward/fmt/mean"] == 0.62 and out["reward/fmt/errors"] == 1.0
+    assert "reward/fmt/std" not in out  # NaN (no value that step) is left out, not written
