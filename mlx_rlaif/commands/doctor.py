@@ -150,8 +150,8 @@ def sandbox_report(cfg: Config) -> bool:
     verdict = (f"{count['contained']} contained, {count['escaped']} escaped, {count['n.a.']} "
                "n.a. (does not work here even outside the sandbox, or not on this platform)")
     if escaped:
-        verdict += (f"; ESCAPED: {', '.join(escaped)}: student code here can do that with "
-                    f"your rights{PROCESS_HINT if sandbox.mode == 'process' else ''}")
+        verdict += (f"; ESCAPED: {', '.join(escaped)}: student code can do that here"
+                    f"{PROCESS_HINT if sandbox.mode == 'process' else ''}")
     if failed:
         verdict += f"; FAILED inside: {', '.join(failed)}"
     say("sandbox", visible(f"{sandbox.describe()}{used}\n{table(rows)}\n{verdict}"))

@@ -44,7 +44,7 @@ bounds each process), disk quotas (the box is bounded only by the file-size limi
 the CPU time to write), GPU isolation. In process mode, even as root: writes to world-writable
 dirs (/tmp, /dev/shm) are not blocked (as root what a run leaves there, owned by its uid, is
 removed after it; as non-root it stays), world-readable files anywhere can be read (a compiler's
-`#include` too), and world-writable Unix sockets on the host's filesystem (X11's, a docker.sock
+`#include` too; the command line of every process in /proc: no pid namespace), and world-writable Unix sockets on the host's filesystem (X11's, a docker.sock
 made 0666) can be connected to; as non-root the run has your uid, so it can also signal or
 ptrace your processes, read your files and use the network: use bwrap or seatbelt where
 untrusted code runs. docs/reliability.md counts what each mode contained of the hostile

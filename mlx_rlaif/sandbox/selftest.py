@@ -81,6 +81,14 @@ PROBES = (
           "open('hard', 'a').write('x')", evidence="victim"),
     Probe("signal a process of the trainer's", "os.kill(T['bystander'], 15)",
           evidence="bystander"),
+    Probe("inspect a trainer process (its command line, its path)", "pid = T['bystander']\n"
+          "if sys.platform == 'darwin':\n"
+          "    import ctypes\n"
+          "    buf = ctypes.create_string_buffer(4096)\n"
+          "    if ctypes.CDLL('/usr/lib/libproc.dylib').proc_pidpath(pid, buf, 4096) <= 0:\n"
+          "        raise OSError('proc_pidpath refused')\n"
+          "else:\n"
+          "    assert T['canary'].encode() in open(f'/proc/{pid}/cmdline', 'rb').read()"),
     Probe("read a trainer process's environment", "pid = T['bystander']\n"
           "if sys.platform == 'darwin':\n"
           "    import ctypes\n"
@@ -196,9 +204,10 @@ class Targets:
         self.label = "com.mlx-rlaif.doctor." + secrets.token_hex(4)
 
     def _bystander(self) -> subprocess.Popen:
-        """A process of the trainer's with the canary in its environment."""
+        """A process of the trainer's with the canary in its command line and environment."""
         env = {**os.environ, "MLX_RLAIF_DOCTOR_CANARY": self.canary}
-        return subprocess.Popen(["sleep", "600"], env=env, stdin=subprocess.DEVNULL)
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", "import time; time.sleep(600)",
+                                 self.canary], env=env, stdin=subprocess.DEVNULL)
 
     def _end_bystanders(self) -> None:
         for p in self.bystanders:
