@@ -68,6 +68,12 @@ def nan(completion):
 def none_for_b(completion):
     return None if completion == "b" else 1.0
 
+def reward_func(queries, prompts, labels):  # OpenRLHF's form, unchanged
+    import numpy as np
+    rewards = np.array([float(len(q) - len(p)) + (labels[i] or 0) for i, (q, p) in
+                        enumerate(zip(queries, prompts))])
+    return {"rewards": rewards, "scores": rewards, "extra_logs": {}}
+
 def uses_exec(exec_result):
     return None if exec_result is None else float(exec_result["passed"] == exec_result["total"])
 '''
@@ -492,3 +498,12 @@ def test_tensorboard_gets_each_component():
     out = step_scalars(m, RunStats())
     assert out["reward/fmt/mean"] == 0.62 and out["reward/fmt/errors"] == 1.0
     assert "reward/fmt/std" not in out  # NaN (no value that step) is left out, not written
+
+
+def test_an_openrlhf_reward_func_file_runs_unchanged(fns):
+    tasks = [Task(id="a", prompt="P:", meta={"label": 10}), Task(id="b", prompt="P:")]
+    reward = ComponentsReward([], [_function(fns, "reward_func", batched=True)])
+    try:
+        assert [r.value for r in reward.score(tasks, ["xy", "xyz"])] == [12.0, 3.0]
+    finally:
+        reward.close()

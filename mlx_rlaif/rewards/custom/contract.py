@@ -6,7 +6,9 @@ record), `task_id`, `language`, `exec_result` (when the exec reward is a compone
 `total`, `value`, `reason` and `tests`, each test's name, passed and reason; else None), `step`,
 any field of the record by its own name, and the component's `kwargs`. A function taking the
 plural names (`completions`, `prompts`, `codes`, `tasks`, `records`, `task_ids`, `languages`,
-`exec_results`) gets lists: the batch, or one prompt's group.
+`exec_results`, and OpenRLHF's `queries`, prompt + completion, and `labels`, the record's
+`label`, `answer` or `solution`) gets lists: the batch, or one prompt's group; a list, an
+array (`tolist()`) or OpenRLHF's `{"rewards": ...}` comes back.
 
 It returns a number, None (not applicable: left out of the sum) or a dict of named numbers
 (each logged; the value is its `score` key, else the sum of its numbers); a function of lists
@@ -23,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...records import Reward, Task, extract_code
-from .spec import PLURAL, SINGULAR, Loaded
+from .spec import PLURAL, PLURALS, SINGULAR, Loaded
 
 
 class ValueProblem(ValueError):
@@ -62,14 +64,23 @@ def exec_summary(reward: Reward | None) -> dict[str, Any] | None:
 def units(tasks: Sequence[Task], completions: Sequence[str],
           exec_results: Sequence[dict | None]) -> list[dict[str, Any]]:
     """One argument set per completion (the singular names)."""
-    return [{"prompt": t.prompt, "completion": c, "code": extract_code(c, t.language), "task": t,
-             "record": record_of(t), "task_id": t.id, "language": t.language, "exec_result": e}
-            for t, c, e in zip(tasks, completions, exec_results, strict=True)]
+    out = []
+    for t, c, e in zip(tasks, completions, exec_results, strict=True):
+        record = record_of(t)
+        out.append({"prompt": t.prompt, "completion": c, "code": extract_code(c, t.language),
+                    "task": t, "record": record, "task_id": t.id, "language": t.language,
+                    "exec_result": e, "query": t.prompt + c, "label": label_of(record)})
+    return out
+
+
+def label_of(record: Mapping[str, Any]) -> Any:
+    """OpenRLHF's label of a record: its `label`, `answer` or `solution` field (None)."""
+    return next((record[k] for k in ("label", "answer", "solution") if k in record), None)
 
 
 def as_lists(items: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
     """Per-completion argument sets as one set of lists (the plural names)."""
-    return {f"{name}s": [it[name] for it in items] for name in SINGULAR}
+    return {PLURALS[name]: [it[name] for it in items] for name in SINGULAR}
 
 
 def arguments(fn: Loaded, unit: Mapping[str, Any], kwargs: Mapping[str, Any], step: int
@@ -128,7 +139,12 @@ def shown(x: Any) -> str:
 
 
 def check_list(x: Any, n: int) -> list[Any]:
-    """What a function of lists returned: a list (or tuple) of n values."""
+    """What a function of lists returned: a list (or tuple, or an array's `tolist()`) of n
+    values; OpenRLHF's `{"rewards": ..., ...}` is read as its rewards."""
+    if isinstance(x, Mapping) and "rewards" in x:
+        x = x["rewards"]
+    if hasattr(x, "tolist") and not isinstance(x, (list, tuple)):
+        x = x.tolist()
     if not isinstance(x, (list, tuple)):
         raise ValueProblem(f"returned {shown(x)}: a function of lists returns a list, one value "
                            f"per completion ({n})")

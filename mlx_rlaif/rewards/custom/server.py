@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .contract import ValueProblem, as_lists, check_list
+from .contract import ValueProblem, as_lists, check_list, label_of
 from .pool import Outcome
 from .spec import Loaded
 from .worker import call_units
@@ -44,14 +44,9 @@ def request_body(units: Sequence[Mapping[str, Any]], step: int, kwargs: Mapping[
     if protocol == "openrlhf":
         return {"query": [u["prompt"] + u["completion"] for u in units],
                 "prompts": [u["prompt"] for u in units],
-                "labels": [_label(u["record"]) for u in units]}
+                "labels": [label_of(u["record"]) for u in units]}
     return {"items": [{k: u.get(k) for k in JSON_KEYS} for u in units], "step": step,
             "kwargs": dict(kwargs)}
-
-
-def _label(record: Mapping[str, Any]) -> Any:
-    """OpenRLHF's label of a record: its `label`, `answer` or `solution` field."""
-    return next((record[k] for k in ("label", "answer", "solution") if k in record), None)
 
 
 class ServerClient:
@@ -137,6 +132,7 @@ def units_of(body: Any) -> tuple[list[dict[str, Any]], int, dict[str, Any], bool
             raise ValueError("query, prompts and labels must be lists of one length")
         units = [{"prompt": p, "completion": q[len(p):] if q.startswith(p) else q,
                   "code": None, "task_id": str(i), "language": None, "exec_result": None,
+                  "task": None, "query": q, "label": lab,
                   "record": {"label": lab, "query": q}} for i, (q, p, lab) in
                  enumerate(zip(queries, prompts, labels, strict=True))]
         return units, 0, {}, True
@@ -145,6 +141,8 @@ def units_of(body: Any) -> tuple[list[dict[str, Any]], int, dict[str, Any], bool
         raise ValueError("the request needs 'items', a list of objects (or OpenRLHF's 'query')")
     units = [{**{k: it.get(k) for k in JSON_KEYS}, "task": None,
               "record": it.get("record") or {}} for it in items]
+    for u in units:
+        u.update(query=(u["prompt"] or "") + (u["completion"] or ""), label=label_of(u["record"]))
     return units, int(body.get("step") or 0), dict(body.get("kwargs") or {}), False
 
 

@@ -26,9 +26,12 @@ from typing import Any
 from ...errors import ConfigError
 
 # the names the contract fills, per completion and as lists (contract.py)
-SINGULAR = ("prompt", "completion", "code", "task", "record", "task_id", "language",
-            "exec_result")
-PLURAL = tuple(f"{n}s" for n in SINGULAR if n != "exec_result") + ("exec_results",)
+# (query and label as OpenRLHF names them: its reward_func(queries, prompts, labels) runs as is)
+PLURALS = {"prompt": "prompts", "completion": "completions", "code": "codes", "task": "tasks",
+           "record": "records", "task_id": "task_ids", "language": "languages",
+           "exec_result": "exec_results", "query": "queries", "label": "labels"}
+SINGULAR = tuple(PLURALS)
+PLURAL = tuple(PLURALS.values())
 SHARED = ("step",)
 
 
@@ -136,8 +139,9 @@ def check_signature(spec: str, fn: Callable[..., Any], kwargs: dict,
     batched = any(p in PLURAL for p in params)
     mixed = [p for p in params if p in SINGULAR]
     if batched and mixed:
-        raise ConfigError(f"reward function {spec}: takes lists ({', '.join(p for p in params if p in PLURAL)}) "
-                          f"and single values ({', '.join(mixed)}): use the plural names only")
+        lists = ", ".join(p for p in params if p in PLURAL)
+        raise ConfigError(f"reward function {spec}: takes lists ({lists}) and single values "
+                          f"({', '.join(mixed)}): use the plural names only")
     if group and not batched:
         raise ConfigError(f"reward function {spec}: group: true passes a prompt's completions "
                           "as lists: name its parameters completions, prompts, ... ")
