@@ -156,3 +156,22 @@ def test_a_hostile_sample_in_a_pseudo_terminal(tmp_path: Path) -> None:
     assert_only_own_escapes(received.getvalue().decode("utf-8", errors="replace"))
     raw = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert raw[0]["completion"] == sample["completion"]  # the file keeps the raw text
+
+
+def test_data_convert_prints_skipped_ids_escaped(tmp_path: Path) -> None:
+    """A downloaded set's ids reach the terminal escaped; the skipped file keeps them raw."""
+    import subprocess
+
+    src = tmp_path / "mbpp.jsonl"
+    src.write_text(json.dumps({"task_id": f"x{HOSTILE}", "text": "Write a function.",
+                               "code": "def f():\n    pass\n", "test_list": [],
+                               "test_setup_code": "", "challenge_test_list": []}) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "mlx_rlaif.cli", "data", "convert", "--from",
+                           "mbpp", str(src), "--out", str(tmp_path / "out.jsonl")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert "1 skipped" in proc.stdout and "mbpp/xt\\x1b]0;pwned" in proc.stdout, proc.stdout
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", proc.stdout + proc.stderr)
+    skipped = json.loads((tmp_path / "out.skipped.jsonl").read_text())
+    assert skipped["id"] == f"mbpp/x{HOSTILE}"

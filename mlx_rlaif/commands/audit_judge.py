@@ -214,6 +214,8 @@ def render(report: dict[str, Any]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
+    from ..terminal import visible
+
     cols, found = report["columns"], report["checks"]
     flagged = {(f["check"], f["column"]) for f in report["flags"]}
     unsure = {(check, col) for check, by_col in report["verdicts"].items()
@@ -224,8 +226,8 @@ def render(report: dict[str, Any]) -> Any:
                         f"{report['file']['judged']} completions of {report['file']['tasks']} "
                         f"tasks", title_justify="left")
     table.add_column("check")
-    for col in cols:
-        table.add_column(col, justify="right")
+    for col in cols:  # difficulty labels from the task file: control characters escaped
+        table.add_column(visible(col, lines=False), justify="right")
     for label, path, spec in ROWS:
         if found.get(path[0]) is None:
             continue

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from ..errors import DataError
+from ..terminal import visible
 
 HELP = "Try the reward's components on reference solutions and a wrong answer (a table)."
 
@@ -76,12 +77,13 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(col, justify="left" if col in ("task", "answer") else "right")
     for (t, kind, _), w in zip(pairs, rewards, strict=True):
         parts = w.parts if len(names) > 1 else {names[0]: w.value}
-        table.add_row(t.id, kind, *(_fmt(parts.get(n)) for n in names), _fmt(w.value))
+        table.add_row(visible(t.id, lines=False), kind, *(_fmt(parts.get(n)) for n in names),
+                      _fmt(w.value))
     Console(file=sys.stdout, width=160).print(table)
     bad = [t.id for t, r, w in zip(tasks, rewards[0::2], rewards[1::2], strict=True)
            if r.value is not None and w.value is not None and w.value >= r.value]
     print(f"the wrong answer scores at least the reference on {len(bad)} of {len(tasks)} tasks"
-          + (f": {', '.join(bad)}" if bad else ""))
+          + (f": {visible(', '.join(bad), lines=False)}" if bad else ""))
     return 0
 
 

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
+from ..terminal import visible
 
 HELP = "Convert public code sets (MBPP, APPS, ...) into task files; check train/eval overlap."
 SHOWN = 20  # skipped records and matches printed (all are in the files)
@@ -83,10 +84,10 @@ def run_convert(args: argparse.Namespace) -> int:
         skipped_path.unlink(missing_ok=True)
     print(f"{args.source}: {len(records)} records -> {len(done.tasks)} tasks in {args.out}; "
           f"{len(done.skipped)} skipped")
-    for reason, n in done.reasons().items():
-        print(f"  skipped {n}: {reason}")
+    for reason, n in done.reasons().items():  # downloaded data: control characters escaped
+        print(f"  skipped {n}: {visible(reason, lines=False)}")
     for s in done.skipped[:SHOWN]:
-        print(f"  {s['id']}: {s['reason']}")
+        print(f"  {visible(s['id'], lines=False)}: {visible(s['reason'], lines=False)}")
     if done.skipped:
         print(f"all skipped records, with the reason: {skipped_path}")
     return 0
