@@ -5,7 +5,8 @@ can hold terminal control sequences: ESC starts CSI and OSC sequences (set the t
 screen, and on terminals that honour OSC 52, write the clipboard), BEL ends OSC, CR overwrites
 a line, and C1 characters (U+0080-U+009F) act as ESC on some terminals. Bidirectional overrides
 (U+202A-U+202E, U+2066-U+2069) reorder what is shown. Everything that prints such text (the
-dashboard, the plain log lines, `eval`, `validate`, `score`, `summary`, error lines) passes it
+dashboard, the plain log lines, `eval`, `validate`, `score`, `summary`, `data convert`,
+`check-rewards`, `audit-judge`, `doctor`, error lines) passes it
 through `visible()`, which writes each of these characters as its escape (`\\x1b`, `\\u202e`);
 newlines and tabs stay, where a layout has room for them. Files (JSONL, datasets) keep the raw
 text: `json_visible()` escapes them the JSON way, so a line decodes to the same value.
