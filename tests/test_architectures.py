@@ -190,6 +190,29 @@ def test_the_memory_plan_reads_nested_configs_hybrid_and_moe_blocks(arch_dirs) -
     assert memory.kv_elems(shapes["qwen3_5"]) == 2 * 2 * 16 and shapes["qwen3_5"].state_bytes
 
 
+def test_the_plan_counts_whole_rows_where_prompts_are_not_shared(arch_dirs) -> None:
+    """A hybrid model's caches are not plain KV caches, so its update runs every row in full
+    (shared_prompt.supported): the plan counts the prompt's positions in each row."""
+    from mlx_rlaif.train.memory_plan import work_of
+
+    cfg = load(None, ["training.batch_size=2", "generation.num_samples_per_prompt=4",
+                      "generation.max_new_tokens=100"])
+    dense = load_policy(str(arch_dirs("qwen2", "float32"))).model
+    hybrid = load_policy(str(arch_dirs("nemotron_h", "float32"))).model
+    assert work_of(cfg, 20, dense).shared and not work_of(cfg, 20, hybrid).shared
+    w = work_of(cfg, 20, hybrid)
+    assert (w.width, w.context) == (120, 0)  # 20 + 100 positions, none before them
+    s = memory.shape_of(hybrid)
+    # 4 rows of 120 positions: hidden states, kept activations, one block's scores (120 x
+    # 120), the loss's 4 chunks of 480 positions; no prompt keys gathered to the rows
+    positions = 4 * 120
+    expected = (2 * positions * 64 * 4 + positions * sum(s.layer_elems) * 4
+                + memory.scores_bytes(s, 4, 120, 120) + 4 * 4 * 512 * positions)
+    assert memory.update_bytes(s, w, 4, False) == expected
+    shared = work_of(cfg, 20, dense)
+    assert (shared.width, shared.context) == (104, 20)
+
+
 def test_full_logits_are_counted_where_the_head_does_not_split() -> None:
     s = memory.Shape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16,
                      vocab=4096, weight_bytes=2**20, act_bytes=4, lora_params=1000)

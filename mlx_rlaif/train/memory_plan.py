@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..backends.mlx import memory
+from ..backends.mlx import memory, shared_prompt
 from ..config import Config, batch_sequences, micro_batch_size
 from ..records import Task
 
@@ -33,12 +33,15 @@ def longest_prompt(fmt: Callable[[Task], list[int]], tasks: Sequence[Task]) -> i
     return max((len(fmt(t)) for t in longest), default=1)
 
 
-def work_of(cfg: Config, prompt_len: int) -> memory.Work:
+def work_of(cfg: Config, prompt_len: int, model: Any = None) -> memory.Work:
+    """The step's sizes; with `model`, whether its update shares prompts (training.share_prompt
+    and a model whose caches allow it: shared_prompt.supported) or runs the rows in full."""
+    shared = model is None or (cfg.training.share_prompt and shared_prompt.supported(model))
     return memory.Work(prompts=cfg.training.batch_size,
                        group=cfg.generation.num_samples_per_prompt, prompt_len=prompt_len,
                        new_tokens=cfg.generation.max_new_tokens,
                        train_rows=micro_batch_size(cfg) or batch_sequences(cfg),
-                       entropy_grad=cfg.rl.entropy_coef != 0)
+                       entropy_grad=cfg.rl.entropy_coef != 0, shared=shared)
 
 
 def fused_bytes(model: Any, cfg: Config) -> int:
@@ -60,7 +63,7 @@ def make_plan(cfg: Config, model: Any, prompt_len: int, budget: int
     if shape is None:
         return None, None
     t = cfg.training
-    return memory.plan(shape, work_of(cfg, prompt_len), budget,
+    return memory.plan(shape, work_of(cfg, prompt_len, model), budget,
                        cfg.generation.completion_batch_size, t.micro_batch_size,
                        t.grad_checkpoint), shape
 

@@ -118,6 +118,7 @@ class Work:
     train_rows: int
     chunk_mb: float = LOGITS_CHUNK_MB  # float32 logits of one head chunk (logits_chunk_mb)
     entropy_grad: bool = False  # the update differentiates the entropies (rl.entropy_coef > 0)
+    shared: bool = True  # each prompt computed once (shared_prompt.py); False: rows in full
 
     @property
     def rows(self) -> int:
@@ -125,8 +126,16 @@ class Work:
 
     @property
     def width(self) -> int:
-        """Positions of a completion row in the update (its prompt's last token, padded to 8)."""
-        return -(-(self.new_tokens + 1) // 8) * 8
+        """Positions of a row in the update, padded to 8: a completion row (its prompt's last
+        token and the completion) where prompts are shared, else the whole sequence (models
+        whose caches are not all plain KV caches: hybrid, sliding-window; share_prompt off)."""
+        n = self.new_tokens + 1 if self.shared else self.prompt_len + self.new_tokens
+        return -(-n // 8) * 8
+
+    @property
+    def context(self) -> int:
+        """Positions each row attends to before its own: its shared prompt's (0: rows in full)."""
+        return self.prompt_len if self.shared else 0
 
 
 # --- sizes that scale with the budget --------------------------------------------------------------
@@ -215,11 +224,11 @@ def update_bytes(s: Shape, w: Work, rows: int, checkpoint: bool) -> int:
     chunks in flight (MLX's evaluation runs ahead of the computation: `limited`), more where
     the backward pass recomputes them (`Work.entropy_grad`: loss.head_logprobs)."""
     positions = rows * w.width
-    own = min(w.prompts, -(-rows // w.group)) * w.prompt_len + positions
-    prefix = kv_elems(s) * s.act_bytes * rows * w.prompt_len
+    own = min(w.prompts, -(-rows // w.group)) * w.context + positions
+    prefix = kv_elems(s) * s.act_bytes * rows * w.context
     hidden = 2 * positions * s.hidden * s.act_bytes
     body = (activation_bytes(s, w, rows, checkpoint)
-            + scores_bytes(s, rows, w.width, w.width + w.prompt_len))
+            + scores_bytes(s, rows, w.width, w.width + w.context))
     chunks = HEAD_CHUNKS_RECOMPUTED if w.entropy_grad else HEAD_CHUNKS_UPDATE
     return hidden + prefix + body + head_bytes(s, w, own, chunks)
 
@@ -239,7 +248,7 @@ def reference_bytes(s: Shape, w: Work, rows: int) -> int:
     time, the hidden states, the loss's chunks."""
     positions = rows * w.width
     return (positions * (block_bytes(s) + s.hidden * s.act_bytes)
-            + scores_bytes(s, rows, w.width, w.width + w.prompt_len)
+            + scores_bytes(s, rows, w.width, w.width + w.context)
             + head_bytes(s, w, positions, HEAD_CHUNKS_REFERENCE))
 
 

@@ -348,7 +348,8 @@ def phase_limit(model: nn.Module, rollouts: list[Rollout], cfg: Config, rows: in
     work = memory.Work(len(prompts), max(len(g) for g in prompts),
                        max(len(r.prompt_tokens) for r in rollouts),
                        max(len(r.tokens) for r in rollouts), rows,
-                       entropy_grad=cfg.rl.entropy_coef != 0)
+                       entropy_grad=cfg.rl.entropy_coef != 0,
+                       shared=cfg.training.share_prompt and shared_prompt.supported(model))
     return memory.phase_limit(shape, work, rows, cfg.training.grad_checkpoint == "on", phase,
                               mx.get_active_memory(), budget_of(cfg), streams)
 
