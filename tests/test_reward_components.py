@@ -507,3 +507,32 @@ def test_an_openrlhf_reward_func_file_runs_unchanged(fns):
         assert [r.value for r in reward.score(tasks, ["xy", "xyz"])] == [12.0, 3.0]
     finally:
         reward.close()
+
+
+def test_a_server_that_does_not_answer_in_time_is_named(tmp_path):
+    import socket
+
+    from mlx_rlaif.rewards.build import build_reward
+
+    silent = socket.socket()  # accepts connections (the backlog) and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/"
+    cfg = check(load(None, [f"reward.components=[{{kind: syntax}}, {{kind: server, url: '{url}', "
+                            "timeout_s: 1}]"]))
+    reward = build_reward(cfg)
+    try:
+        with pytest.raises(RewardError, match=re.escape(f"reward component server ({url}) on "
+                                                        f"task t: {url} did not answer within 1 s")):
+            reward.score(_tasks(1), ["x = 1"])
+    finally:
+        reward.close()
+        silent.close()
+
+
+def test_serve_reward_refuses_a_missing_function_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "mlx_rlaif.cli", "serve-reward", "nowhere.py:fn"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "mlx-rlaif serve-reward: error: reward function nowhere.py:fn: file nowhere.py not "
+        "found: give the path of a .py file (relative to where you run mlx-rlaif)"), r.stderr

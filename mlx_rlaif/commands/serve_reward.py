@@ -43,10 +43,10 @@ def kwargs_of(items: list[str]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from ..rewards.custom.server import make_server
-    from ..rewards.custom.spec import absolute, load_function
+    from ..rewards.custom.spec import load_function
 
     kwargs = kwargs_of(args.kwarg)
-    fn = load_function(absolute(args.function), kwargs, None)
+    fn = load_function(args.function, kwargs, None)
     try:
         server = make_server(fn, args.host, args.port, kwargs, args.concurrency)
     except OSError as e:

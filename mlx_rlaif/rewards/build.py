@@ -101,4 +101,4 @@ def _server(c: RewardComponent):
     from .custom.server import ServerClient
 
     client = ServerClient(c.url, c.protocol, c.kwargs, c.timeout_s)
-    return Custom(c.name, c.weight, client.score, c.url, timeout_s=c.timeout_s)
+    return Custom(c.name, c.weight, client.score, c.url, timeout_s=c.timeout_s, server=True)

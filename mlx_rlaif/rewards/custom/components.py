@@ -57,6 +57,7 @@ class Custom:
     group: bool = False
     timeout_s: float = 0.0
     close: Callable[[], None] = lambda: None
+    server: bool = False  # a timeout is the request's (nothing to kill)
 
 
 @dataclass
@@ -152,8 +153,9 @@ class ComponentsReward:
                     status, value = "error", str(e)
             errors += status == "error"
             timeouts += status == "timeout"
-            why = f"timed out after {c.timeout_s:g} s (its worker was killed)" \
-                if status == "timeout" else value
+            why = value if status != "timeout" else \
+                f"{c.what} did not answer within {c.timeout_s:g} s" if c.server else \
+                f"timed out after {c.timeout_s:g} s (its worker was killed)"
             if self.on_error == "stop":
                 self._count(c.name, out, errors, timeouts, time.perf_counter() - t0)
                 raise RewardError(f"reward component {c.name} ({c.what}) on task {task.id}: "
