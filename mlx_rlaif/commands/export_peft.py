@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from .push import add_push_arguments, check_push, push_export
+
 HELP = "Export LoRA adapters in PEFT format (adapter_model.safetensors, Hugging Face names)."
 
 
@@ -20,6 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-name", default=None, metavar="NAME",
                    help="base_model_name_or_path to record, e.g. the hub id of the model "
                         "(default: base_model from adapter_config.json).")
+    add_push_arguments(p)
+
+
+def check(args: argparse.Namespace) -> None:
+    check_push(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,4 +41,10 @@ def run(args: argparse.Namespace) -> int:
     Console(stderr=True).print(
         f"[green]exported[/] PEFT adapter -> {out} (r={cfg['r']}, lora_alpha={cfg['lora_alpha']}, "
         f"target_modules={','.join(cfg['target_modules'])}, base {cfg['base_model_name_or_path']})")
+    from ..artifacts import checkpoint
+
+    pushed = push_export(args, out, "peft", cfg["base_model_name_or_path"],
+                         checkpoint.resolve(args.path))
+    if pushed:
+        print(pushed)
     return 0

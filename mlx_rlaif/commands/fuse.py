@@ -14,6 +14,7 @@ import contextlib
 from ..artifacts import checkpoint
 from ..errors import UsageError
 from .convert import StatusWriter
+from .push import add_push_arguments, check_push, push_export
 
 HELP = "Fuse LoRA adapters into the base model (optionally quantized) for mlx_lm.generate/server."
 
@@ -34,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-adapter-corr", type=float, default=None, metavar="C",
                    help="Refuse a quantized result whose weights apply the LoRA update with a "
                         "correlation below C (default 0.5; 0 disables the check).")
+    add_push_arguments(p)
+
+
+def check(args: argparse.Namespace) -> None:
+    check_push(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,4 +66,7 @@ def run(args: argparse.Namespace) -> int:
     precision = f"{q.bits}-bit" if q.bits else "float"
     kept = "adapters are zero" if corr is None else f"adapter correlation {corr:.3f}"
     console.print(f"[green]fused[/] {adapter_dir} into {base} -> {out} ({precision}, {kept})")
+    pushed = push_export(args, out, "mlx", base, adapter_dir)
+    if pushed:
+        console.print(pushed)
     return 0
