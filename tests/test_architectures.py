@@ -213,6 +213,13 @@ def test_the_plan_counts_whole_rows_where_prompts_are_not_shared(arch_dirs) -> N
     assert (shared.width, shared.context) == (104, 20)
 
 
+def test_a_soft_capped_head_takes_the_full_logits_and_the_plan_counts_them(arch_dirs) -> None:
+    """Gemma 2 soft-caps its logits after the head: no split (the loss takes the full logits,
+    and the sweep trains it that way), and the plan counts them whole."""
+    policy = load_policy(str(arch_dirs("gemma2", "float32")))
+    assert policy.split is None and memory.shape_of(policy.model).full_logits
+
+
 def test_full_logits_are_counted_where_the_head_does_not_split() -> None:
     s = memory.Shape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16,
                      vocab=4096, weight_bytes=2**20, act_bytes=4, lora_params=1000)

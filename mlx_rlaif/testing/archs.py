@@ -38,6 +38,7 @@ ARCHS: dict[str, dict[str, Any]] = {
     "phi3": dict(_DENSE, tie_word_embeddings=False),
     "gemma3_text": dict(_DENSE, query_pre_attn_scalar=16, sliding_window=16,
                         sliding_window_pattern=2),
+    "gemma2": dict(_DENSE, query_pre_attn_scalar=16),  # soft-capped logits: no head split
     "seed_oss": dict(_DENSE),
     "granite": dict(_DENSE, logits_scaling=2.0, attention_multiplier=0.25,
                     embedding_multiplier=4.0, residual_multiplier=0.5, attention_bias=False,
