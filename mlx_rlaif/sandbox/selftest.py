@@ -239,12 +239,18 @@ class Targets:
             changed = self.victim.read_text() != self.canary
             self.victim.write_text(self.canary)
             return changed
-        if evidence == "bystander":
-            if self.bystanders[bystander].poll() is None:
-                return False
-            self.bystanders[bystander] = self._bystander()  # the next probe's target
-            return True
         raise ValueError(evidence)
+
+    def signalled(self, bystander: int, said: bool) -> bool:
+        """Whether the bystander was signalled: the program says so (then its death is awaited)
+        or it is dead; a dead one is replaced for the next probe."""
+        p = self.bystanders[bystander]
+        try:
+            p.wait(timeout=10 if said else 0.2)
+        except subprocess.TimeoutExpired:
+            return said
+        self.bystanders[bystander] = self._bystander()
+        return True
 
 
 def _received(s: socket.socket) -> bool:
@@ -289,7 +295,10 @@ def _judge(probe: Probe, targets: Targets, bystander: int, out: bytes, how: str
            ) -> tuple[bool, str]:
     text = out.decode(errors="replace")
     said = text.startswith("REACHED") or targets.canary in text
-    worked = targets.hit(probe.evidence, bystander) if probe.evidence else said
+    if probe.evidence == "bystander":  # a signal sent is an escape, however slow its death
+        worked = targets.signalled(bystander, said)
+    else:
+        worked = targets.hit(probe.evidence, bystander) if probe.evidence else said
     if probe.name.startswith("launchctl") and worked:
         subprocess.run(["/bin/launchctl", "remove", targets.label], capture_output=True)
     first = (text.strip().splitlines() or [how])[-1]
