@@ -334,8 +334,10 @@ class TrainingConfig:
 @dataclass(frozen=True)
 class ExecConfig:
     sandbox: Literal["auto", "bwrap", "seatbelt", "process"] = opt(
-        "auto", "Isolation: auto picks the strongest available (bwrap on Linux, seatbelt on macOS, "
-        "else process limits only) and logs which at start.")
+        "auto", "Isolation: auto picks bwrap on Linux, seatbelt on macOS, and logs which at start; "
+        "where neither works it stops (as root: process limits, a uid per slot). process runs "
+        "student code with your own rights: choose it only on purpose. `mlx-rlaif doctor` "
+        "tests the one in use.")
     timeout_s: float = opt(5.0, "Wall-clock limit per sandboxed run (every process of the run is "
                            "killed). One run answers all calls of a function task; a stdin/stdout "
                            "task runs once per test.", _pos)
