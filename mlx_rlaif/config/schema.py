@@ -548,6 +548,15 @@ class LoggingConfig:
     baseline_eval_batches: int = opt(0, "Score the first N batches before training as the "
                                      "baseline reward (0: use the first step's reward).", _nonneg)
     collect_dataset: bool = opt(True, "Write train/validation/evaluation dataset JSONL.")
+    wandb: bool = opt(False, "Also log to Weights & Biases (pip install 'mlx-rlaif[wandb]'): "
+                      "TensorBoard's metric keys, the config, the samples table; rank 0 only. "
+                      "WANDB_MODE=offline keeps the run in <output_dir>/wandb.")
+    trackio: bool = opt(False, "Also log to trackio, Hugging Face's local-first tracker (pip "
+                        "install 'mlx-rlaif[trackio]'): the same as logging.wandb, in its local "
+                        "store (TRACKIO_DIR).")
+    tracker_project: str = opt("mlx-rlaif", "The W&B / trackio project name.")
+    tracker_run_name: str = opt("", "The W&B / trackio run name (empty: the output directory's "
+                                "name).")
 
 
 @dataclass(frozen=True)

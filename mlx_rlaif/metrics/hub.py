@@ -4,6 +4,8 @@ keeps the rolling stats, runs the health checks, and fans everything out to the 
 - JSONL (always): `batches.jsonl`, `epochs.jsonl`, `samples.jsonl`, `health.jsonl`,
   `eval.jsonl` (the periodic held-out evaluations);
 - TensorBoard (`logging.tensorboard`): `tensorboard/`;
+- Weights & Biases and trackio (`logging.wandb`, `logging.trackio`: trackers.py), TensorBoard's
+  keys;
 - the live dashboard (a terminal and `logging.dashboard`), else plain lines;
 - the collected dataset (`logging.collect_dataset`): `datasets/{split}.jsonl` + `README.md`.
 
@@ -27,7 +29,8 @@ from .dashboard import Dashboard, PlainPrinter
 from .dataset import DatasetWriter
 from .jsonl import JsonlWriter, last_per_key, read_jsonl
 from .stats import RunStats, finite, mean
-from .tensorboard import TensorBoardSink
+from .tensorboard import TensorBoardSink, epoch_scalars, step_scalars
+from .trackers import TrackerSink, open_trackers
 
 
 def _now() -> str:
@@ -82,9 +85,12 @@ class MetricsHub:
         tensorboard: TensorBoardSink | None,
         dataset: DatasetWriter | None,
         resume: bool,
+        trackers: Sequence[TrackerSink] = (),
     ) -> None:
         self.cfg, self.run_dir, self.view = cfg, run_dir, view
         self.tb, self.dataset = tensorboard, dataset
+        self.trackers = list(trackers)
+        self._last_step = 0
         self._prior = self._read_prior() if resume else None
         self._baseline: tuple[float, str] | None = None
         self._files = {
@@ -118,6 +124,7 @@ class MetricsHub:
         (training.max_minutes; 0: none): the progress display's bounds."""
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        trackers = open_trackers(cfg, run_dir, hparams)  # first: a missing package is one line
         tb = TensorBoardSink(run_dir / "tensorboard", hparams, resume) if cfg.tensorboard else None
         ds = (
             DatasetWriter(run_dir / "datasets", resume, card_meta(hparams))
@@ -129,7 +136,7 @@ class MetricsHub:
             if interactive and cfg.dashboard
             else PlainPrinter(total_steps, cfg.log_every, sys.stdout, time_budget_s)
         )
-        return cls(cfg, run_dir, view, tb, ds, resume)
+        return cls(cfg, run_dir, view, tb, ds, resume, trackers)
 
     # --- resume -----------------------------------------------------------------------------
 
@@ -180,6 +187,11 @@ class MetricsHub:
         self._files["batches"].write({"step": step, "timestamp": _now(), **record})
         if self.tb is not None and (step % self.cfg.log_every == 0 or step == 1):
             self.tb.step(step, record, s)
+        if self.trackers and (step % self.cfg.log_every == 0 or step == 1):
+            scalars = step_scalars(record, s)
+            for t in self.trackers:
+                t.log(step, scalars)
+        self._last_step = max(self._last_step, step)
         self.view.step(step, record, s.best_reward, s.reward_ema, s.baseline)
         self._window.append(record)
         self._entropy_first = (self._entropy_first + health.first_entropy([record], 1))[
@@ -221,6 +233,8 @@ class MetricsHub:
             for name in s.get("signals") or ():
                 self._hack_examples[str(name)] = str(s.get("task_id", "?"))
         self._files["samples"].write_many(stamped[: self.cfg.samples_per_step])
+        for t in self.trackers:
+            t.add_samples(stamped[: self.cfg.samples_per_step])
         if self.dataset is not None:
             self.dataset.add(stamped)
         self._epoch_samples += sum(1 for s in samples if s.get("split", "train") == "train")
@@ -233,6 +247,9 @@ class MetricsHub:
         self._files["eval"].write(record)
         if self.tb is not None:
             self.tb.scalars(step, {k: v for k, v in row.items() if k.startswith("eval/")})
+        for t in self.trackers:
+            t.log(step, {k: x for k, v in row.items()
+                         if k.startswith("eval/") and (x := finite(v)) is not None})
         self.view.evaluation(step, row)
 
     def end_epoch(self, epoch: int) -> dict[str, float]:
@@ -244,6 +261,8 @@ class MetricsHub:
         self._files["epochs"].write({**agg, "timestamp": _now()})
         if self.tb is not None:
             self.tb.epoch(epoch, agg, self.run_stats)
+        for t in self.trackers:  # at the epoch's last step: a tracker's steps only go forward
+            t.log(self._last_step, {**epoch_scalars(agg, self.run_stats), "epoch": epoch})
         self.view.message(epoch_line(agg))
         return agg
 
@@ -265,6 +284,8 @@ class MetricsHub:
             f.close()
         if self.tb is not None:
             self.tb.close()
+        for t in self.trackers:
+            t.close(self._last_step or None)
         if self.dataset is not None:
             self.dataset.close()
         self.view.close(self._summary)
