@@ -66,6 +66,7 @@ FACTORS: dict[str, dict[str, tuple[str, ...]]] = {
         k: (f"generation.num_samples_per_prompt={k}",) for k in ("2", "1")},
     "model dtype": {"float32": (), "bfloat16": ()},  # the model path: set by the caller
     # the reward as components: exec at 0.7 and a user's function (a worker process) at 0.3
+    "reward.exec.hack_penalty": {"0": (), "0.5": ("reward.exec.hack_penalty=0.5",)},
     "reward.components": {"exec": (), "exec+function": (
         f"reward.components=[{{kind: exec, weight: 0.7}}, {{kind: function, weight: 0.3, "
         f"fn: '{FORMAT_REWARD}'}}]",)},

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("mean reward", f"{res['reward_mean']:.3f}")
     table.add_row("generated tokens per task", f"{res['gen_tokens'] / res['n_tasks']:.1f}")
     table.add_row("generation tokens/s", f"{res['gen_tokens_per_sec']:.1f}")
-    table.add_row("completions with a hacking signal", f"{res['hack_frac']:.1%}")
+    table.add_row("completions with a hacking signal", f"{res['hack_frac']:.2%}")
     Console().print(table)
     print(tally_line(res["hacking"]))  # reasons are printable-only (signals.py)
     print(f"per-task results: {args.out}")

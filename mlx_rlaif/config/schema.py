@@ -377,7 +377,7 @@ class ExecConfig:
                         _pos)
     hack_penalty: float = opt(
         0.0, "Subtracted from the exec reward (floored at 0) of a completion that raises a "
-        "reward-hacking signal (docs/reliability.md); at build_weight + tests_weight or more it "
+        "reward-hacking signal (docs/hacking.md); at build_weight + tests_weight or more it "
         "zeroes it. 0: off, the signals are only logged. Off by default: penalizing a detector "
         "teaches the policy to evade the detector, and a hack it cannot name is still contained "
         "by the sandbox.", _nonneg)

@@ -61,5 +61,5 @@ def report(run_dir: Path, records: Sequence[Mapping]) -> list[str]:
         return [f"hacking signals: none in {len(records)} steps"]
     samples = read_jsonl(Path(run_dir) / "samples.jsonl") \
         if (Path(run_dir) / "samples.jsonl").is_file() else []
-    return ["hacking signals (docs/reliability.md):", *(f"  {s}" for s in steps),
+    return ["hacking signals (docs/hacking.md):", *(f"  {s}" for s in steps),
             "examples (samples.jsonl):", *(f"  {e}" for e in example_lines(samples))]

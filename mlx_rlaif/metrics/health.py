@@ -185,7 +185,7 @@ def hack_issue(window: Sequence[Mapping], v: Mapping[str, float | None], early: 
     return (f"reward hacking signals rising ({now:.0%} of completions, {early:.0%} early in the "
             f"run): commonest {name}" + (f", e.g. task {task}" if task else "")
             + ": read samples.jsonl's signals; the reward, not the model, may be what is "
-            "optimized (docs/reliability.md)")
+            "optimized (docs/hacking.md)")
 
 
 def issues(

@@ -21,7 +21,19 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HOOK = Path(__file__).with_name("audit_hook.py").read_text()
+
+def _code(path: Path) -> str:
+    """The hook's source as sent to each run: without its docstring and comments (ast), so
+    that each launcher compiles less of it."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    if ast.get_docstring(tree) is not None:
+        tree.body = tree.body[1:]
+    return ast.unparse(tree)
+
+
+HOOK = _code(Path(__file__).with_name("audit_hook.py"))
 MAX_READ = 1 << 16  # bytes read back: the hook's summary is a few hundred
 KEY_BYTES = 32  # the key as hex text: each launcher reads exactly this many bytes
 PROTECT = ("harness.py", "task.json", "launcher.py", "audit_hook.py")

@@ -24,7 +24,7 @@ Static, C++ and Rust (lexical): special_casing (string literals equal to a test'
 or to two or more tests' outputs), include_outside (#include of an absolute path or one with
 `..`; Rust include!/include_str!/include_bytes!).
 Runtime, Python (the audit hook, sandbox/audit_hook.py): socket, subprocess, signals_others,
-ctypes, writes_outside, reads_harness, trace, imports_harness, introspection, early_exit (the
+ctypes, writes_outside, reads_harness, reads_outside, sets_limits, trace, imports_harness, introspection, early_exit (the
 function server ended by sys.exit or killed itself while the tests ran), silent_exit (a run that
 ended by itself without Python's shutdown: os._exit, or the channel closed), audit_silenced (the
 function server answered calls, but the channel never showed it starting: closed or filled by
@@ -54,7 +54,7 @@ STATIC_PY = ("special_casing", "eq_override", "exit_call", "reads_test_files", "
              "imports_harness", "introspection")
 STATIC_NATIVE = ("special_casing", "include_outside")
 RUNTIME = ("socket", "subprocess", "signals_others", "ctypes", "writes_outside",
-           "reads_harness", "trace", "imports_harness", "introspection", "early_exit",
+           "reads_harness", "reads_outside", "sets_limits", "trace", "imports_harness", "introspection", "early_exit",
            "silent_exit", "audit_silenced", "audit_tampered", "output_flood", "limit_kill")
 _COMMON_WORDS = {"yes", "no", "true", "false", "none", "null", "impossible", "possible", "ok",
                  "error", "draw", "first", "second", "alice", "bob", "-1", "nan", "inf"}
@@ -465,11 +465,11 @@ def native_static(task: Task, code: str) -> list[dict[str, str]]:
         out.append(signal("include_outside", f"include of the file {path[:80]}"))
         break
     strings = {_unescape(s).strip() for s in _STRING.findall(code)}
-    strings |= set(_NUMBER.findall(_STRING.sub('""', code)))
+    numbers = set(_NUMBER.findall(_STRING.sub('""', code)))  # outputs printed as numbers
     pairs = [(str(t.get("stdin", "")).strip(), str(t.get("stdout", "")).strip())
              for t in task.tests if isinstance(t, Mapping) and "stdout" in t]
     inputs = [i for i, _ in pairs if distinctive(i) and i in strings]
-    outputs = {o for _, o in pairs if distinctive(_as_value(o)) and o in strings}
+    outputs = {o for _, o in pairs if distinctive(_as_value(o)) and o in strings | numbers}
     if inputs or len(outputs) >= 2:
         what = f"a test's whole input {_short(inputs[0])}" if inputs else \
             f"{len(outputs)} tests' expected outputs"
