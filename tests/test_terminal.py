@@ -175,3 +175,36 @@ def test_data_convert_prints_skipped_ids_escaped(tmp_path: Path) -> None:
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", proc.stdout + proc.stderr)
     skipped = json.loads((tmp_path / "out.skipped.jsonl").read_text())
     assert skipped["id"] == f"mbpp/x{HOSTILE}"
+
+
+@pytest.mark.slow
+def test_train_with_a_hostile_task_file_in_a_pseudo_terminal(tmp_path: Path) -> None:
+    """`mlx-rlaif train` on a downloaded-looking task file whose ids and prompts hold control
+    sequences, as a user runs it in a terminal: every byte it writes there is read back."""
+    src = ROOT / "mlx_rlaif" / "data" / "suites" / "synthetic-train.jsonl"
+    tasks = [json.loads(x) for x in src.read_text().splitlines()[:4]]
+    for i, t in enumerate(tasks):
+        t["id"] = f"t{i}{HOSTILE}"
+        t["prompt"] = t["prompt"] + f"# {HOSTILE}\n"
+    (tmp_path / "hostile.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT),
+           "MLX_RLAIF_SMOKE": "1"}
+    env.pop("NO_COLOR", None)
+    args = ["-m", "mlx_rlaif.cli", "train", "--output-dir", str(tmp_path / "run"),
+            "--set", f"data.train_file={tmp_path / 'hostile.jsonl'}", "--set", "data.eval_file=",
+            "--set", "data.difficulties=[]", "--set", "training.batch_size=2"]
+    child = pexpect.spawn(sys.executable, args, env=env, cwd=str(tmp_path),
+                          dimensions=(50, 160), timeout=600)
+    received = io.BytesIO()
+    child.logfile_read = received
+    child.expect(pexpect.EOF)
+    child.close()
+    data = received.getvalue().decode("utf-8", errors="replace")
+    assert child.exitstatus == 0, data[-3000:]
+    for raw in RAW[:-1]:
+        assert raw not in data, f"{raw!r} reached the terminal"
+    own = re.sub(r"\x1b\[[0-9;?]*[mAKlhGBCD]", "", data)
+    assert "\x1b" not in own
+    assert "\\x1b]0;pwned" in data  # the latest completion's task id, made visible
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert any(s["task_id"].endswith(HOSTILE) for s in samples)  # the file keeps it raw
