@@ -65,6 +65,7 @@ FACTORS: dict[str, dict[str, tuple[str, ...]]] = {
     "generation.num_samples_per_prompt": {
         k: (f"generation.num_samples_per_prompt={k}",) for k in ("2", "1")},
     "model dtype": {"float32": (), "bfloat16": ()},  # the model path: set by the caller
+    "reward.exec.cache_size": {"4096": (), "0": ("reward.exec.cache_size=0",)},
     # the reward as components: exec at 0.7 and a user's function (a worker process) at 0.3
     "reward.exec.hack_penalty": {"0": (), "0.5": ("reward.exec.hack_penalty=0.5",)},
     "reward.components": {"exec": (), "exec+function": (

@@ -18,7 +18,7 @@ from mlx_rlaif.records import Task
 from mlx_rlaif.rewards.exec import ExecReward
 from mlx_rlaif.rewards.exec.reward import answer_key
 
-FAST = {"timeout_s": 2.0, "cpu_s": 2, "sandbox": "process"}
+FAST = {"timeout_s": 2.0, "cpu_s": 2, "sandbox": "process", "uid_base": 64700}
 SQUARE = Task(id="sq", prompt="Write f(x) = x * x.", entry_point="f",
               tests=tuple({"args": [x], "expected": x * x} for x in range(5)))
 DOUBLE = Task(id="dbl", prompt="Read n, print 2n.", tests=tuple(

@@ -1,4 +1,5 @@
-"""Benchmark the exec reward's sandbox: runs per second and the time to score a batch.
+"""Benchmark the exec reward's sandbox: runs per second, completions per second, and the
+quickstart's scoring share, optionally against an earlier revision in the same run.
 
 For each sandbox mode that works here:
 - `trivial runs/s`: sandboxed runs of a trivial program (`/bin/true`, and a Python program that
@@ -6,21 +7,37 @@ For each sandbox mode that works here:
 - `batch of 64`: the time for ExecReward.score on 64 completions, for the synthetic suite's
   function-call tasks (one sandbox each) and for HumanEval (student + checker sandboxes each).
 
-Usage: python tools/bench_sandbox.py [--modes process bwrap] [--runs 200] [--workers 2] [--repeat 3]
-Prints a markdown table, each figure the best of `--repeat` measurements, and the load average:
-on a shared machine the figures depend on what else runs.
+With `--before REV` (a git revision of this repository) instead: completions per second, one
+worker (so the seconds per completion are its latency), for a 20-test stdin/stdout task in
+Python and in C++, HumanEval tasks and the synthetic suite's function-call tasks, every
+completion distinct (no answer is served twice); REV and this tree measured alternately in
+fresh processes (`--repeat` rounds, best of each), and the verdicts compared. Also there:
+- `--verdicts`: every shipped suite task's reference solution and a broken answer, and
+  HumanEval's 164 canonical solutions and two broken answers to every fourth, scored by both
+  trees: the number of rewards that differ (value, or any test's pass/fail);
+- `--quickstart STEPS`: the shipped quickstart for STEPS steps (no held-out evaluation) with
+  each tree, alternately: time/score over time/step from its metrics (steps after the first).
+
+Usage: python tools/bench_sandbox.py [--modes process bwrap] [--runs 200] [--workers 2]
+           [--repeat 3] [--before REV [--verdicts] [--quickstart STEPS]]
+Prints markdown tables and the load average: on a shared machine the figures depend on what
+else runs, which is why the trees alternate.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, os.environ.get("BENCH_SANDBOX_TREE") or str(ROOT))  # --before: REV's tree
 
 from mlx_rlaif.config import ExecConfig  # noqa: E402
 from mlx_rlaif.errors import ConfigError  # noqa: E402
@@ -74,6 +91,180 @@ def batch_seconds(mode: str, workers: int, batch: tuple[list[Task], list[str]]) 
     return seconds
 
 
+# --- before and after: completions per second (--before) -----------------------------------------
+
+STDIO_PY = "# variant {i}\na, b = map(int, input().split())\nprint(a + b)\n"
+STDIO_CPP = ("// variant {i}\n#include <iostream>\n"
+             "int main(){{long long a,b; std::cin>>a>>b; std::cout<<a+b<<'\\n';}}\n")
+UID_BASE = 64600  # as root: uids no test or trainer running beside us uses (they kill by uid)
+WORKLOADS = {  # name -> (language, completions per measurement)
+    "20-test stdin/stdout, Python": ("python", 12),
+    "20-test stdin/stdout, C++": ("cpp", 6),
+    "HumanEval": ("python", 16),
+    "function calls": ("python", 16),
+}
+
+
+def workload(name: str, n: int, offset: int) -> tuple[list[Task], list[str]]:
+    """`n` distinct completions (variant numbers from `offset`) of the workload's tasks."""
+    if name.startswith("20-test"):
+        tests = tuple({"stdin": f"{k} {k * k}\n", "stdout": f"{k + k * k}\n"} for k in range(20))
+        lang = "cpp" if name.endswith("C++") else "python"
+        code = STDIO_CPP if lang == "cpp" else STDIO_PY
+        task = Task(id=f"sum-{lang}", prompt="Print a + b.", language=lang, tests=tests)
+        return [task] * n, [code.format(i=offset + i) for i in range(n)]
+    tasks, sols = humaneval_batch(164) if name == "HumanEval" else synthetic_batch(1000)
+    picked = [(offset + i) % len(tasks) for i in range(n)]
+    marks = [f"\n    # variant {offset + i}\n" for i in range(n)]  # distinct past the pool
+    return [tasks[j] for j in picked], [sols[j] + m for j, m in zip(picked, marks, strict=True)]
+
+
+def child_throughput(mode: str, name: str) -> dict:
+    """Completions per second of one workload with one worker (this process's tree)."""
+    language, n = WORKLOADS[name]
+    reward = ExecReward(ExecConfig(sandbox=mode, workers=1, uid_base=UID_BASE), {language})
+    try:
+        reward.score(*workload(name, 1, 10_000))  # warm up (another variant: never served)
+        tasks, completions = workload(name, n, 0)
+        t0 = time.perf_counter()
+        out = reward.score(tasks, completions)
+        seconds = time.perf_counter() - t0
+    finally:
+        reward.close()
+    bad = [r.reason for r in out if r.value != 1.0]
+    return {"per_s": n / seconds, "bad": bad[:3]}
+
+
+def run_child(tree: str, job: dict, timeout: float = 1800) -> dict:
+    env = {**os.environ, "BENCH_SANDBOX_TREE": tree}
+    r = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise SystemExit(f"{job} in {tree} failed: {r.stderr.strip()[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def export_tree(rev: str, where: str) -> str:
+    """REV's files (git archive) under `where`."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", where], input=archive, check=True)
+    return where
+
+
+def compare(modes: list[str], trees: dict[str, str], repeat: int) -> list[tuple]:
+    best: dict[tuple, float] = {}
+    for _ in range(repeat):
+        for mode in modes:
+            for name in WORKLOADS:
+                for label, tree in trees.items():  # alternately: the same load for both
+                    got = run_child(tree, {"kind": "throughput", "mode": mode, "name": name})
+                    if got["bad"]:
+                        raise SystemExit(f"{label} {mode} {name}: not all passed: {got['bad']}")
+                    key = (mode, name, label)
+                    best[key] = max(best.get(key, 0.0), got["per_s"])
+    return [(m, n, best[(m, n, "before")], best[(m, n, "after")]) for m in modes for n in WORKLOADS]
+
+
+# --- verdicts and the quickstart (--verdicts, --quickstart) ---------------------------------------
+
+
+def broken(task: Task) -> str:
+    if task.tests and "stdin" in task.tests[0]:
+        return {"cpp": "int main(){return 0;}\n", "rust": "fn main(){}\n"}.get(
+            task.language, "print(0)\n")
+    return f"def {(task.entry_point or 'f').split('.')[0]}(*a, **k):\n    return None\n"
+
+
+def child_verdicts(mode: str) -> dict:
+    from mlx_rlaif.data import load_tasks
+
+    suites = [t for s in ("synthetic-train", "synthetic-eval") for t in load_tasks(f"suite:{s}")]
+    he_tasks, he_sols = humaneval_batch(164)
+    tasks = suites + suites + he_tasks + he_tasks[::4] * 2
+    answers = ([t.meta["solution"] for t in suites] + [broken(t) for t in suites] + he_sols
+               + ["    return None\n"] * len(he_tasks[::4])
+               + ["    raise NotImplementedError\n"] * len(he_tasks[::4]))
+    reward = ExecReward(ExecConfig(sandbox=mode, uid_base=UID_BASE), {t.language for t in tasks})
+    try:
+        out = reward.score(tasks, answers)
+    finally:
+        reward.close()
+    return {"verdicts": [[r.value, [t["passed"] for t in r.details.get("tests") or []]]
+                         for r in out],
+            "passed": sum(r.value == 1.0 for r in out), "n": len(out)}
+
+
+def child_quickstart(steps: int, out_dir: str) -> dict:
+    """`mlx-rlaif train` as its CLI runs it (the train command's own parser: a revision whose
+    CLI lists a command it lacks still runs), fast BLAS re-exec included."""
+    from mlx_rlaif.commands import train
+    from mlx_rlaif.cpu.blas import maybe_reexec_with_fast_blas
+
+    maybe_reexec_with_fast_blas([sys.executable, *sys.argv])
+
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    args = parser.parse_args(["--output-dir", out_dir, "--no-dashboard",
+                              "--set", f"training.max_steps={steps}", "--set", "data.eval_file=",
+                              "--set", f"reward.exec.uid_base={UID_BASE}"])
+    if hasattr(train, "check"):
+        train.check(args)
+    train.run(args)
+    rows = [json.loads(x) for x in Path(out_dir, "batches.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/score" in r][1:]  # the first step compiles
+    score, step = sum(r["time/score"] for r in rows), sum(r["time/step"] for r in rows)
+    return {"share": score / step, "step_s": step / len(rows), "score_s": score / len(rows),
+            "served": rows[-1].get("exec/served_frac")}
+
+
+def child(job: dict) -> dict:
+    if job["kind"] == "throughput":
+        return child_throughput(job["mode"], job["name"])
+    if job["kind"] == "verdicts":
+        return child_verdicts(job["mode"])
+    return child_quickstart(job["steps"], job["out"])
+
+
+def before_after(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp:
+        trees = {"before": export_tree(args.before, tmp), "after": str(ROOT)}
+        modes = [m for m in args.modes if m != "seatbelt" or sys.platform == "darwin"]
+        rows = compare(modes, trees, args.repeat)
+        print(f"{os.cpu_count()} cores, 1 worker, {args.before} (before) vs this tree (after), "
+              f"best of {args.repeat} alternating rounds; load average "
+              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end\n")
+        print("| sandbox | workload | before completions/s | after completions/s | ratio | "
+              "after s per completion |")
+        print("|---|---|---|---|---|---|")
+        for mode, name, b, a in rows:
+            print(f"| {mode} | {name} | {b:.2f} | {a:.2f} | {a / b:.1f}x | {1 / a:.3f} |")
+        if args.verdicts:
+            for mode in modes[:1]:  # the first mode: verdicts are the sandbox's, not its speed
+                got = {k: run_child(t, {"kind": "verdicts", "mode": mode}) for k, t in trees.items()}
+                diff = sum(x != y for x, y in zip(got["before"]["verdicts"],
+                                                  got["after"]["verdicts"], strict=True))
+                print(f"\nverdicts, {mode}: {got['after']['n']} rewards, {diff} differ "
+                      f"(fully passed: before {got['before']['passed']}, after "
+                      f"{got['after']['passed']})")
+        if args.quickstart:
+            shares: dict[str, list[dict]] = {k: [] for k in trees}
+            for i in range(args.repeat):
+                for k, t in trees.items():
+                    job = {"kind": "quickstart", "steps": args.quickstart,
+                           "out": f"{tmp}/qs-{k}-{i}"}
+                    shares[k].append(run_child(t, job))
+            print("\n| quickstart | time/score / time/step (each round) | step s | score s | "
+                  "served |")
+            print("|---|---|---|---|---|")
+            for k, rs in shares.items():
+                each = ", ".join(f"{r['share']:.0%}" for r in rs)
+                print(f"| {k} | {each} | "
+                      f"{min(r['step_s'] for r in rs):.2f} | {min(r['score_s'] for r in rs):.2f} "
+                      f"| {rs[-1]['served']} |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", nargs="+", default=["process", "bwrap", "seatbelt"])
@@ -81,7 +272,17 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=1, help="report the best of N measurements")
+    ap.add_argument("--before", default="", help="a git revision to compare with (see above)")
+    ap.add_argument("--verdicts", action="store_true", help="with --before: compare verdicts")
+    ap.add_argument("--quickstart", type=int, default=0, metavar="STEPS",
+                    help="with --before: the quickstart's scoring share over STEPS steps")
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+    if args.before:
+        return before_after(args)
     synthetic, humaneval = synthetic_batch(args.batch), humaneval_batch(args.batch)
     rows = []
     for mode in args.modes:

@@ -28,7 +28,9 @@ run, cannot read /proc/<pid>/environ of others, and all its processes can be kil
 `kill(-1)` from that uid. As root in process mode the run also gets a new network namespace
 (and no_new_privs: setuid binaries do not elevate it; bwrap mounts everything nosuid).
 Host-specific parts (mode choice, bwrap layout, uid pool) are in modes.py, the macOS profile in
-seatbelt.py; the in-sandbox launcher is launcher.py.
+seatbelt.py; the in-sandbox launcher is launcher.py. The tests of a stdin/stdout program run
+in one sandbox, a fresh process each (runs.py: how nothing of one test reaches the next one's
+input, output or verdict, per mode; seatbelt keeps a sandbox per test).
 
 Where the trainer's own files live: one run's files (the checker's task and tests, the
 student's code and results) are in its box, or in unnamed temporary files (output, verdicts,
