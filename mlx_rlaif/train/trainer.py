@@ -158,6 +158,7 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     world.check_engine(cfg.model.backend)
     world.set_timeout(cfg.distributed.timeout_s)
     run_dir = Path(cfg.training.output_dir)
+    first_run = kernel_line(cfg)  # read before anything compiles
     tasks, eval_tasks, reward_fn = world.agreed(lambda: prepare(cfg, run_dir, resume_from, world),
                                                 "check of the setup")
     try:  # the reward's worker processes and pools end with a model that does not load
@@ -198,7 +199,8 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     try:
         for line in filter(None, (skipped, eval_skipped, memory_line, length.line,
                                   world.line(prompts_per_step(cfg),
-                                             cfg.generation.num_samples_per_prompt))):
+                                             cfg.generation.num_samples_per_prompt),
+                                  first_run)):
             hub.message(line)
         if resume_from is not None:
             state = resumed_state(ops.restore(policy, optimizer, resume_from), cfg,
@@ -277,6 +279,19 @@ def held_out_eval(run: Run, tasks: list[Task], hub: Any, when: str) -> dict[str,
 def read_evals(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / EVAL_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def kernel_line(cfg: Config) -> str | None:
+    """On MLX's CPU and CUDA builds, a run whose kernel cache is empty says its first steps
+    compile kernels, once, and where they are kept (backends/mlx/kernel_cache.py)."""
+    if cfg.model.backend != "mlx":
+        return None
+    import mlx.core as mx
+
+    from ..backends.mlx.device import kind_of
+    from ..backends.mlx.kernel_cache import first_run_line
+
+    return first_run_line(kind_of(), mx.__version__)
 
 
 def hparams(cfg: Config) -> dict:
