@@ -186,3 +186,26 @@ def test_multiturn_feedback_asks_for_every_visible_test() -> None:
     rollout = Rollout(SQUARE, (1,), (2,), (0.0,), GOOD, "stop", 1.0)
     respond(1, [rollout])
     assert seen == [True]
+
+
+def test_all_credit_stops_humaneval_checks_at_the_first_failing_unit() -> None:
+    task = Task(id="he-sq", prompt='def sq(x):\n    """Square x."""\n', entry_point="sq",
+                test="def check(candidate):\n    assert candidate(0) == 0\n"
+                     "    assert candidate(1) == 1\n    assert candidate(2) == 4\n"
+                     "    assert candidate(3) == 9\n")
+    wrong = "    return x if x < 2 else 0\n"  # right on 0 and 1 only
+    decided, everything = reward(tests_credit="all"), reward()
+    try:
+        stop, = decided.score([task], [wrong])
+        full, = decided.score([task], [wrong], every_test=True)
+        frac, good = everything.score([task] * 2, [wrong, "    return x * x\n"])
+    finally:
+        decided.close()
+        everything.close()
+    assert [t["reason"] for t in stop.details["tests"]] == [
+        "passed", "passed", "wrong_answer", "not_run"]
+    assert stop.value == pytest.approx(0.1) and stop.parts["tests"] == pytest.approx(0.5)
+    assert [t["reason"] for t in full.details["tests"]] == [
+        t["reason"] for t in frac.details["tests"]] == [
+        "passed", "passed", "wrong_answer", "wrong_answer"]
+    assert good.value == 1.0

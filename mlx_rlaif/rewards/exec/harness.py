@@ -259,6 +259,8 @@ def check(task_path, req_fd, resp_fd, verdict_fd):
         passed, reason, message = classify(exc)
         done.add(k)
         say({"unit": k, "passed": passed, "reason": reason, "message": message})
+        if task.get("stop") and not passed:
+            raise Decided()  # tests_credit all: this failure decides; the rest are not run
 
     ns = {"__name__": "__check__", "__unit__": unit}
     exec(compile(task["prompt"], "prompt.py", "exec"), ns)
@@ -271,12 +273,28 @@ def check(task_path, req_fd, resp_fd, verdict_fd):
         end = None
     except BaseException as e:  # noqa: BLE001 - a failure outside the units fails the rest
         end = e
-    if task["units"] == 0:  # no top-level assert in check(): the whole call is one unit
-        unit(0, end)
+    if task["units"] == 0 and not isinstance(end, Decided):  # no top-level assert: one unit
+        _try_unit(unit, 0, end)
     for k in range(task["units"]):
-        if k not in done:  # check() stopped early: by an error, or by returning (a pass)
-            unit(k, end)
+        if k in done:
+            continue
+        if isinstance(end, Decided):
+            say({"unit": k, "passed": False, "reason": "not_run",
+                 "message": "not run: an earlier test failed (tests_credit: all)"})
+        else:  # check() stopped early: by an error, or by returning (a pass)
+            _try_unit(unit, k, end)
     say({"event": "done"})
+
+
+class Decided(BaseException):
+    """Raised by a failing unit when the first failure decides the reward (tests_credit all)."""
+
+
+def _try_unit(unit, k, exc):
+    from contextlib import suppress
+
+    with suppress(Decided):  # the verdict is written; what is left is reported by the caller
+        unit(k, exc)
 
 
 def main(argv):

@@ -303,7 +303,7 @@ class ExecReward:
                 results = [result(f"test {i}", False, "build_error", build_error[:300])
                            for i in range(n)]
             elif fmt == "humaneval":
-                results = self._humaneval(box, task, found)
+                results = self._humaneval(box, task, found, stop)
             elif fmt == "calls":
                 results = self._calls(box, task, stop, found)
             else:
@@ -343,7 +343,8 @@ class ExecReward:
 
     # HumanEval: check(candidate) in its own sandbox ------------------------------------------
 
-    def _humaneval(self, box: Box, task: Task, found: list[dict[str, str]]) -> list[dict]:
+    def _humaneval(self, box: Box, task: Task, found: list[dict[str, str]], stop: bool = False
+                   ) -> list[dict]:
         source, units = instrument_check(task.test or "")
         limits = self._limits()
         harness = box.write("harness.py", HARNESS)
@@ -351,6 +352,7 @@ class ExecReward:
         with self.sandbox.box() as cbox, tempfile.TemporaryFile() as verdicts, \
                 watched(self.sandbox, box) as watch:
             spec = {"prompt": prompt_code(task.prompt), "test": source, "units": len(units),
+                    "stop": stop,
                     "entry_point": task.entry_point}
             check = [cbox.write("harness.py", HARNESS), "check", cbox.write("task.json", _dumps(spec))]
             req_r, req_w = os.pipe()
