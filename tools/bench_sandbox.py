@@ -7,7 +7,8 @@ For each sandbox mode that works here:
 - `batch of 64`: the time for ExecReward.score on 64 completions, for the synthetic suite's
   function-call tasks (one sandbox each) and for HumanEval (student + checker sandboxes each).
 
-With `--before REV` (a git revision of this repository) instead: completions per second, one
+With `--before REV` (a git revision of this repository; `--after REV2` for another than this
+working tree) instead: completions per second, one
 worker (so the seconds per completion are its latency), for a 20-test stdin/stdout task in
 Python and in C++, HumanEval tasks and the synthetic suite's function-call tasks, every
 completion distinct (no answer is served twice); REV and this tree measured alternately in
@@ -19,7 +20,7 @@ fresh processes (`--repeat` rounds, best of each), and the verdicts compared. Al
   each tree, alternately: time/score over time/step from its metrics (steps after the first).
 
 Usage: python tools/bench_sandbox.py [--modes process bwrap] [--runs 200] [--workers 2]
-           [--repeat 3] [--before REV [--verdicts] [--quickstart STEPS]]
+           [--repeat 3] [--before REV [--after REV2] [--verdicts] [--quickstart STEPS]]
 Prints markdown tables and the load average: on a shared machine the figures depend on what
 else runs, which is why the trees alternate.
 """
@@ -148,6 +149,7 @@ def export_tree(rev: str, where: str) -> str:
     """REV's files (git archive) under `where`."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True,
                              check=True).stdout
+    os.makedirs(where)
     subprocess.run(["tar", "-x", "-C", where], input=archive, check=True)
     return where
 
@@ -228,10 +230,12 @@ def child(job: dict) -> dict:
 
 def before_after(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp:
-        trees = {"before": export_tree(args.before, tmp), "after": str(ROOT)}
+        after = export_tree(args.after, f"{tmp}/after") if args.after else str(ROOT)
+        trees = {"before": export_tree(args.before, f"{tmp}/before"), "after": after}
         modes = [m for m in args.modes if m != "seatbelt" or sys.platform == "darwin"]
         rows = compare(modes, trees, args.repeat)
-        print(f"{os.cpu_count()} cores, 1 worker, {args.before} (before) vs this tree (after), "
+        print(f"{os.cpu_count()} cores, 1 worker, {args.before} (before) vs "
+              f"{args.after or 'this tree'} (after), "
               f"best of {args.repeat} alternating rounds; load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end\n")
         print("| sandbox | workload | before completions/s | after completions/s | ratio | "
@@ -273,6 +277,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=1, help="report the best of N measurements")
     ap.add_argument("--before", default="", help="a git revision to compare with (see above)")
+    ap.add_argument("--after", default="", help="with --before: the revision measured as after "
+                    "(default: this working tree)")
     ap.add_argument("--verdicts", action="store_true", help="with --before: compare verdicts")
     ap.add_argument("--quickstart", type=int, default=0, metavar="STEPS",
                     help="with --before: the quickstart's scoring share over STEPS steps")
