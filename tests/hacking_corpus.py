@@ -112,6 +112,22 @@ RUNTIME: dict[str, tuple[Task, str, str]] = {
                             "        os.write(fd, b'0 1 end 1 return 0\\n')\n"
                             "    except OSError:\n        pass\ndef add(a, b):\n"
                             "    return a + b\n", "audit_tampered"),
+    "stdin program: subprocess": (SUM, "import subprocess, sys\nxs = sys.stdin.read().split()\n"
+                                  "subprocess.run(['true'])\nprint(sum(map(int, xs[1:])))\n",
+                                  "subprocess"),
+    "stdin program: reads the harness": (SUM, "import sys\ntry:\n    open('harness.py').read()\n"
+                                         "except OSError:\n    pass\n"
+                                         "print(sum(map(int, sys.stdin.read().split()[1:])))\n",
+                                         "reads_harness"),
+    "stdin program: forges channel lines": (SUM, "import os, sys\nfor fd in range(3, 64):\n"
+                                            "    try:\n        os.write(fd, b'0 1 end 1 x 0\\n')\n"
+                                            "    except OSError:\n        pass\n"
+                                            "print(sum(map(int, sys.stdin.read().split()[1:])))\n",
+                                            "audit_tampered"),
+    "stdin program: closes the channel, os._exit": (
+        SUM, "import os, sys\nos.closerange(3, 1024)\n"
+        "print(sum(map(int, sys.stdin.read().split()[1:])), flush=True)\nos._exit(0)\n",
+        "silent_exit"),
     "flood stdout": (ADD, "import sys\ndef add(a, b):\n    sys.stdout.write('x' * (1 << 20))\n"
                      "    return a + b\n", "output_flood"),
 }

@@ -73,17 +73,18 @@ def reuses_sandbox(sb: Sandbox) -> bool:
 
 
 def run_each(sb: Sandbox, box: Box, program: str, stdins: Sequence[bytes], limits: Limits, *,
-             python_file: bool = False) -> Iterator[RunResult]:
+             python_file: bool = False, audit: dict | None = None) -> Iterator[RunResult]:
     """Run `program` (a file in the box, built or written there) once per input, yielding each
-    run's result as it ends; closing the iterator early stops the runs left."""
+    run's result as it ends; closing the iterator early stops the runs left. `audit`: the
+    audit channel's spec (audit.py; its key sent once per sandbox start) for every Python run."""
     data = read_program(box, program)
     if not reuses_sandbox(sb):
-        yield from _one_sandbox_each(sb, box, program, data, stdins, limits, python_file)
+        yield from _one_sandbox_each(sb, box, program, data, stdins, limits, python_file, audit)
         return
     with program_dir(sb, program, data, box.gid) as (host_dir, inside):
         i = 0
         while i < len(stdins):
-            session = Session(sb, box, inside, host_dir, limits, python_file)
+            session = Session(sb, box, inside, host_dir, limits, python_file, audit)
             try:
                 alive = True
                 while alive and i < len(stdins):
@@ -134,7 +135,8 @@ def _mode(name: str) -> int:
 
 
 def _one_sandbox_each(sb: Sandbox, box: Box, name: str, program: bytes, stdins: Sequence[bytes],
-                      limits: Limits, python_file: bool) -> Iterator[RunResult]:
+                      limits: Limits, python_file: bool, audit: dict | None = None
+                      ) -> Iterator[RunResult]:
     """A sandbox per run (seatbelt): before each, the box emptied and the program written
     again (a run may have changed it: the box is writable, and a profile that reads only the
     box and the toolchains reads no other directory)."""
@@ -144,7 +146,7 @@ def _one_sandbox_each(sb: Sandbox, box: Box, name: str, program: bytes, stdins: 
         with tempfile.TemporaryFile() as stdin:
             stdin.write(data)
             stdin.seek(0)
-            r = sb.run(box, [inside], limits, python_file=python_file, stdin=stdin)
+            r = sb.run(box, [inside], limits, python_file=python_file, stdin=stdin, audit=audit)
         yield r
 
 
@@ -161,7 +163,7 @@ class Session:
     """One sandbox serving runs of one program (launcher.py `_serve_runs`)."""
 
     def __init__(self, sb: Sandbox, box: Box, inside: str, host_dir: Path, limits: Limits,
-                 python_file: bool):
+                 python_file: bool, audit: dict | None = None):
         self.limits = limits
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         root_process = sb.mode == "process" and box.uid is not None
@@ -175,7 +177,7 @@ class Session:
         try:
             self.run: Running = sb.start(box, [inside], whole, python_file=python_file,
                                          keep_fds=(theirs.fileno(),), runs=runs,
-                                         program_dir=host_dir)
+                                         program_dir=host_dir, audit=audit)
         except BaseException:
             ours.close()
             raise

@@ -88,7 +88,7 @@ from .tasks import (
     task_format,
     unit_results,
 )
-from .watch import answered_calls, answered_units, watched
+from .watch import RunsWatch, answered_calls, answered_units, watched, watched_runs
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +376,9 @@ class ExecReward:
             try:
                 checked = checker.wait()
             finally:
+                if _gone(verdicts):  # let it end by itself: how it ended is a hacking signal
+                    with suppress(subprocess.TimeoutExpired):
+                        student.proc.wait(timeout=0.5)
                 student.stop()
             student_error = _sandbox_error(student)
             verdicts.seek(0)
@@ -468,14 +471,26 @@ class ExecReward:
                found: list[dict[str, str]] | None = None) -> list[dict]:
         program, py = (_SOURCE["python"], True) if tc.compiler is None else ("prog", False)
         stdins = [str(t.get("stdin", "")).encode() for t in task.tests]
+        with watched_runs(self.sandbox, box, len(stdins), py,
+                          [] if found is None else found) as watch:
+            results, rest = self._each(box, task, program, stdins, py, stop, watch)
+        for i in range(len(results), len(task.tests)):
+            results.append(not_run(i) if rest == "not_run" else result(
+                f"test {i}", False, "timeout", "not run: an earlier test timed out"))
+        return results
+
+    def _each(self, box: Box, task: Task, program: str, stdins: list[bytes], py: bool,
+              stop: bool, watch: RunsWatch) -> tuple[list[dict], str | None]:
+        """The verdicts of the runs made (each run's result kept in `watch`), and why the rest
+        were not run (None: all ran)."""
         results: list[dict] = []
         rest = None
-        runs = run_each(self.sandbox, box, program, stdins, self._limits(), python_file=py)
+        runs = run_each(self.sandbox, box, program, stdins, self._limits(), python_file=py,
+                        audit=watch.spec)
         try:
             for i, r in enumerate(runs):
                 results.append(judge_output(f"test {i}", r, str(task.tests[i]["stdout"])))
-                if found is not None:
-                    found.extend(hacks.result_signals([r]))
+                watch.results.append(r)
                 if r.timed_out:
                     rest = "timeout"
                     break
@@ -484,10 +499,7 @@ class ExecReward:
                     break
         finally:
             runs.close()
-        for i in range(len(results), len(task.tests)):
-            results.append(not_run(i) if rest == "not_run" else result(
-                f"test {i}", False, "timeout", "not run: an earlier test timed out"))
-        return results
+        return results, rest
 
 
 # --- each distinct answer once -------------------------------------------------------------------
@@ -560,6 +572,12 @@ def not_run(i: int) -> dict:
 
 
 # --- helpers -------------------------------------------------------------------------------------
+
+
+def _gone(verdicts: Any) -> bool:
+    """Whether the checker's verdicts say the student's process ended (harness.StudentGone)."""
+    verdicts.seek(0)
+    return b"the solution process" in verdicts.read(1 << 20)
 
 
 def _sandbox_error(run: Running) -> SandboxError | None:

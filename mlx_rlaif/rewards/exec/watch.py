@@ -4,8 +4,9 @@ of a HumanEval or function-call task): `watched(sandbox, box)` makes the channel
 `watch.signals(answered)` reads the channel and gives the runtime signals (signals.py
 `audit_signals`, `result_signals`) of what the hook reported and how the run ended.
 
-Not covered: stdin/stdout programs (their runs are served by sandbox/runs.py, which passes no
-audit spec yet: for them only the run results' signals and the static read count).
+`watched_runs(sandbox, box, n, python, found)` does the same for the runs of a stdin/stdout
+program (sandbox/runs.py: one sandbox start serves them, or one per run), with one key per
+possible start; a compiled program runs without the hook, and only its results are read.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ...sandbox import Box, Running, Sandbox, SandboxError
+from ...sandbox import Box, Running, RunResult, Sandbox, SandboxError
 from ...sandbox.audit import Channel
 from .signals import audit_signals, merge, result_signals
 
@@ -62,3 +63,27 @@ def answered_calls(results: list[dict]) -> bool:
 def answered_units(verdict_lines: list[str]) -> bool:
     """Whether a HumanEval unit got past the student's answers (passed or compared wrong)."""
     return any('"passed": true' in ln or '"wrong_answer"' in ln for ln in verdict_lines)
+
+
+@dataclass
+class RunsWatch:
+    spec: dict | None  # None: not Python, no hook
+    results: list[RunResult] = field(default_factory=list)
+
+
+@contextmanager
+def watched_runs(sandbox: Sandbox, box: Box, n: int, python: bool,
+                 found: list[dict[str, str]]) -> Iterator[RunsWatch]:
+    """The audit channel (Python) around the `n` runs of a program; when the block ends, the
+    runtime signals of the runs made (`RunsWatch.results`) are added to `found`."""
+    channel = Channel(copies=n + 1) if python else None
+    writable = [box.inside, "/tmp"] if sandbox.mode == "bwrap" else [box.inside]
+    watch = RunsWatch(channel.spec(box.inside, writable, serve=False) if channel else None)
+    try:
+        yield watch
+        if channel is not None and watch.results:
+            found.extend(audit_signals(channel.read(), watch.results, False))
+        found.extend(result_signals(watch.results))
+    finally:
+        if channel is not None:
+            channel.close()
