@@ -369,7 +369,7 @@ def shape_of(model: nn.Module, fused_bytes: int = 0) -> Shape | None:
                  heads, getattr(a, "num_key_value_heads", None) or heads, head_dim,
                  a.vocab_size, weights, activation_itemsize(params), lora, fused_bytes, kernels,
                  kv_elems=kv, state_bytes=state, layer_elems=elems,
-                 full_logits=once(model, "split", lambda: split_head(model) is None))
+                 full_logits=once(model, "full_logits", lambda: split_head(model) is None))
 
 
 def activation_itemsize(params: list[tuple[str, mx.array]]) -> int:

@@ -78,6 +78,11 @@ def cache_sizes(model: nn.Module) -> tuple[int, int]:
 
     cache = make_prompt_cache(model)
     mx.eval(model(mx.array([[1]]), cache=cache))
+    return sizes_of(cache)
+
+
+def sizes_of(cache: list[Any]) -> tuple[int, int]:
+    """`cache_sizes` of mlx-lm's prompt cache of one row after a forward pass through it."""
     kv, state = 0, 0
     for c in flat(cache):
         keys, values = getattr(c, "keys", None), getattr(c, "values", None)

@@ -36,6 +36,7 @@ from ...cpu.experts import float32_experts
 from ...errors import UsageError
 from .device import kind_of, quantized_problem
 from .loss import Split, split_head
+from .model_shape import once
 from .probe import load_failure_line, probe
 
 
@@ -101,6 +102,7 @@ def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | Non
     model.train(False)
     probe(model, bool(quantize) or is_quantized(model))
     split = split_head(model)
+    once(model, "full_logits", lambda: split is None)  # the memory plan's (memory.shape_of)
     if critic:
         add_value_head(model, split)
     mx.eval(model.parameters())

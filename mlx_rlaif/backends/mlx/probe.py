@@ -4,9 +4,9 @@ An architecture can load and still fail inside mlx-lm the first time it computes
 operation the device does not support in the weights' dtype, a head that multiplies by a
 quantized (packed) weight. Met halfway through the first step that is a raw traceback from deep
 inside the rollout or the loss. `probe(model)` runs, right after the LoRA layers are added, the
-three things a step will do on a 3-token input: a forward pass through mlx-lm's prompt cache
-and one cached decoding step (the rollout's path), and a forward and backward pass for the
-trainable parameters (the update's); any error is raised as a UsageError of one line
+two things a step will do on a 3-token input: a forward pass through mlx-lm's prompt cache (the
+rollout's path; the memory plan reads the cache's sizes from it: model_shape.py) and a
+forward and backward pass for the trainable parameters (the update's); any error is raised as a UsageError of one line
 (`failure_line`) naming the model type, the mlx-lm version, the failing operation (MLX's
 primitive and the innermost line of mlx-lm's model code) and a fix. `load_failure_line` does
 the same for an error raised inside mlx-lm's model code while loading.
@@ -25,6 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...errors import UsageError
+from .model_shape import once, sizes_of
 
 PROBE_TOKENS = [[1, 2, 3]]
 
@@ -94,17 +95,18 @@ def model_type_of(model: nn.Module) -> str:
 
 
 def probe(model: nn.Module, quantized: bool) -> None:
-    """Run the model once as a step will (cached prefill and one decoding step; a forward and
-    backward pass for the trainable parameters); UsageError of one line where mlx-lm fails."""
+    """Run the model once as a step will (a forward pass through the prompt cache; a forward
+    and backward pass for the trainable parameters); UsageError of one line where mlx-lm
+    fails."""
     from mlx_lm.models.cache import make_prompt_cache
 
     x = mx.array(PROBE_TOKENS)
     try:
         cache = make_prompt_cache(model)
-        logits = model(x, cache=cache)
-        step = model(mx.argmax(logits[:, -1:], axis=-1), cache=cache)
+        mx.eval(model(x, cache=cache))
+        once(model, "caches", lambda: sizes_of(cache))  # the memory plan's, measured here
         loss, grads = nn.value_and_grad(model, lambda m: m(x).astype(mx.float32).mean())(model)
-        mx.eval(step, loss, grads)
+        mx.eval(loss, grads)
     except Exception as e:  # noqa: BLE001  (whatever mlx-lm's model code raises)
         raise UsageError(failure_line(e, model_type_of(model), quantized, "at first use")
                          ) from e
