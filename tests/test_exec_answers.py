@@ -51,7 +51,7 @@ def test_identical_answers_in_one_call_run_once() -> None:
     assert [o.details.get("served") for o in out] == [None, "shared", "shared", None, "shared",
                                                       None]
     assert out[1].details["tests"] == out[0].details["tests"]
-    assert m["exec/served_frac"] == pytest.approx(3 / 6)
+    assert m["reward/exec_served_frac"] == pytest.approx(3 / 6)
 
 
 def test_the_same_code_of_another_task_is_another_answer() -> None:

@@ -217,7 +217,8 @@ def child_quickstart(steps: int, out_dir: str) -> dict:
     rows = [r for r in rows if "time/score" in r][1:]  # the first step compiles
     score, step = sum(r["time/score"] for r in rows), sum(r["time/step"] for r in rows)
     return {"share": score / step, "step_s": step / len(rows), "score_s": score / len(rows),
-            "served": rows[-1].get("exec/served_frac")}
+            "served": rows[-1].get("reward/exec_served_frac",
+                                                       rows[-1].get("exec/served_frac"))}
 
 
 def child(job: dict) -> dict:

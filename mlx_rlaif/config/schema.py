@@ -357,7 +357,7 @@ class ExecConfig:
     workers: int = opt(0, "Completions scored in parallel (0: number of cores).", _nonneg)
     cache_size: int = opt(4096, "Answers whose results are kept across steps: a completion "
                           "whose task and extracted code (trailing whitespace aside) were "
-                          "scored before gets that result without running (exec/served_frac). "
+                          "scored before gets that result without running (reward/exec_served_frac). "
                           "Never kept: timeouts, memory kills, sandbox errors. 0: off; set 0 "
                           "where a reward reads the exec result's timing (details.seconds).",
                           _nonneg)

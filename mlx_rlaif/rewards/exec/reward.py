@@ -20,7 +20,7 @@ there (the rest reported as `not_run`, counted as failed in `parts["tests"]`); m
 feedback asks for every visible test (`score(..., every_test=True)`). Each distinct answer runs
 once: completions of the same task with the same extracted code (trailing whitespace aside)
 share one result, within a call, across groups in flight, and across steps through a bounded
-cache (`reward.exec.cache_size`; `details["served"]` says which; `exec/served_frac`).
+cache (`reward.exec.cache_size`; `details["served"]` says which; `reward/exec_served_frac`).
 A Python completion that does not define `entry_point` is appended to the prompt when the prompt
 is itself code (completion style, as in HumanEval); one that does gets the prompt's imports. The
 task's `preamble` goes before the program. An entry point `Class.method` is that method of one
@@ -246,7 +246,8 @@ class ExecReward:
     def metrics(self) -> dict[str, float]:
         with self._lock:
             out = {f"exec/{k}": float(v) for k, v in self._counts.items()}
-        out["exec/served_frac"] = (out["exec/shared"] + out["exec/cached"]) / max(
+        # a fraction: averaged over ranks (train/distributed_metrics.py sums exec/ counters)
+        out["reward/exec_served_frac"] = (out["exec/shared"] + out["exec/cached"]) / max(
             out["exec/completions"], 1.0)
         return out
 
