@@ -41,7 +41,8 @@ from mlx_rlaif.sandbox.audit import Channel  # noqa: E402
 
 
 def reward(args: argparse.Namespace, **kw) -> ExecReward:
-    return ExecReward(ExecConfig(sandbox=args.mode, workers=args.workers, cache_size=0, **kw))
+    return ExecReward(ExecConfig(**{"sandbox": args.mode, "workers": args.workers,
+                                    "cache_size": 0, **kw}))
 
 
 def corpus(args: argparse.Namespace) -> None:
@@ -219,6 +220,40 @@ def cost(args: argparse.Namespace) -> None:
           f"with it (median of {args.runs} each, alternating): +{hooked - plain:.1f} ms")
     print(f"cost per completion: {static_ms + hooked - plain:.1f} ms of {per:.0f} ms "
           f"({(static_ms + hooked - plain) / per:.1%})")
+    stdio_cost(args)
+
+
+def stdio_cost(args: argparse.Namespace) -> None:
+    """A Python stdin/stdout program with 20 tests (every run under the hook), scored with the
+    hook and without it (the reward's channel left out), alternating; distinct completions."""
+    import mlx_rlaif.rewards.exec.reward as exec_reward
+    from mlx_rlaif.rewards.exec.watch import watched_runs
+
+    task = Task(id="sum20", prompt="Print the sum.", tests=tuple(
+        {"stdin": f"2\n{i} {i + 1}\n", "stdout": f"{2 * i + 1}\n"} for i in range(20)))
+
+    def unhooked(sandbox, box, n, python, found):
+        return watched_runs(sandbox, box, n, False, found)
+
+    hooked_fn = exec_reward.watched_runs
+    times: dict[bool, list[float]] = {False: [], True: []}
+    r = reward(args, workers=1)
+    try:
+        for i in range(2 * args.repeat):
+            audited = bool(i % 2)
+            exec_reward.watched_runs = hooked_fn if audited else unhooked
+            code = f"import sys\nxs = sys.stdin.read().split()  # {i}\nprint(sum(map(int, xs[1:])))\n"
+            t = time.perf_counter()
+            w = r.score([task], [code])[0]
+            times[audited].append(time.perf_counter() - t)
+            assert w.value == 1.0, w.reason
+    finally:
+        exec_reward.watched_runs = hooked_fn
+        r.close()
+    plain, hooked = (statistics.median(times[k]) * 1e3 for k in (False, True))
+    print(f"a 20-test Python stdin/stdout completion: {plain:.0f} ms without the hook, "
+          f"{hooked:.0f} ms with it (median of {args.repeat} each, alternating, 1 worker): "
+          f"{(hooked - plain) / plain:+.1%}")
 
 
 def main() -> None:
@@ -228,6 +263,7 @@ def main() -> None:
     p.add_argument("--mode", default="process")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--runs", type=int, default=40)
+    p.add_argument("--repeat", type=int, default=15, help="cost: stdin/stdout completions each way")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--suite", help="samples: score them again on this shipped suite's tasks")
     args = p.parse_args()

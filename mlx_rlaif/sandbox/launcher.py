@@ -183,14 +183,16 @@ def _run_python(path, argv, audit=None):
 
 def _audit_key(audit):
     """Read the audit channel's key (audit.py) before any program code runs: it is then only in
-    this process's memory, never in its argv or environment."""
+    this process's memory, never in its argv or environment. The hook is compiled here, once
+    for every run this launcher serves."""
     fd = audit.pop("key_fd")
     audit["key"] = os.read(fd, 32).decode()  # audit.py KEY_BYTES
     os.close(fd)
+    audit["code"] = compile(audit["code"], "audit_hook.py", "exec")
 
 
 def _audit(audit):
-    """Install the audit hook (audit_hook.py's text, in the spec); its `end` reporter."""
+    """Install the audit hook (audit_hook.py, compiled by `_audit_key`); its `end` reporter."""
     ns = {"__name__": "audit_hook"}
     exec(audit.pop("code"), ns)
     return ns["install"](audit)
