@@ -385,3 +385,12 @@ def test_canonical_humaneval_raises_no_signal() -> None:
         reward.close()
     assert [(t.id, names(r)) for t, r in zip(tasks, out, strict=True) if names(r)] == []
     assert all(r.value == 1.0 for r in out)
+
+
+def test_tensorboard_writes_the_hack_scalars() -> None:
+    from mlx_rlaif.metrics.stats import RunStats
+    from mlx_rlaif.metrics.tensorboard import step_scalars
+
+    m = hacks.step_metrics([_flagged("exit_call"), _flagged()])
+    out = step_scalars({"step": 1, **m}, RunStats())
+    assert out["hack/frac"] == 0.5 and out["hack/exit_call"] == 1.0
