@@ -128,6 +128,9 @@ RUNTIME: dict[str, tuple[Task, str, str]] = {
         SUM, "import os, sys\nos.closerange(3, 1024)\n"
         "print(sum(map(int, sys.stdin.read().split()[1:])), flush=True)\nos._exit(0)\n",
         "silent_exit"),
+    "stdin program: prints a constant": (SUM, "print(600)\n", "ignores_input"),
+    "C++ prints a constant": (SUM_CPP, "#include <iostream>\nint main(){ std::cout << 600 << "
+                              "std::endl; }\n", "ignores_input"),
     "flood stdout": (ADD, "import sys\ndef add(a, b):\n    sys.stdout.write('x' * (1 << 20))\n"
                      "    return a + b\n", "output_flood"),
 }

@@ -45,6 +45,7 @@ NAMES: dict[str, str] = {
     "audit_tampered": "writes to the audit channel",
     "output_flood": "prints more than the output limit",
     "limit_kill": "killed by the sandbox's memory or file-size limit",
+    "ignores_input": "a program that exits without reading its input",
     "grader_text": "text addressed to the judge in a judged completion",
 }
 

@@ -124,6 +124,7 @@ class RunResult:
     truncated: bool  # stdout or stderr was longer than Limits.output_bytes
     duration_s: float
     over_memory: bool = False  # killed by the watchdog: resident memory over Limits.rss_mb
+    stdin_read: int | None = None  # bytes of its stdin file read (runs.py; None: not known)
 
     @property
     def ok(self) -> bool:

@@ -147,7 +147,17 @@ def _one_sandbox_each(sb: Sandbox, box: Box, name: str, program: bytes, stdins: 
             stdin.write(data)
             stdin.seek(0)
             r = sb.run(box, [inside], limits, python_file=python_file, stdin=stdin, audit=audit)
+            r = replace(r, stdin_read=_offset(stdin))
         yield r
+
+
+def _offset(f) -> int | None:
+    """How far the run read its stdin file: the offset of the open file description it
+    shared with us (a hacking signal reads it: an exit before reading the input)."""
+    try:
+        return os.lseek(f.fileno(), 0, os.SEEK_CUR)
+    except OSError:
+        return None
 
 
 def empty(d: Path) -> None:
@@ -218,7 +228,8 @@ class Session:
         err, t2 = _head(files[2], self.limits.output_bytes)
         code = int(n) if kind == "X" else None
         sig = int(n) if kind == "S" else None
-        return RunResult(code, sig, kind == "T", out, err, t1 or t2, duration)
+        return RunResult(code, sig, kind == "T", out, err, t1 or t2, duration,
+                         stdin_read=_offset(files[0]))
 
     def _lost(self, files: list, duration: float, timed_out: bool) -> RunResult:
         """The sandbox ended or hung during a run: its watchdog, our deadline, or the program

@@ -474,6 +474,7 @@ class ExecReward:
         stdins = [str(t.get("stdin", "")).encode() for t in task.tests]
         with watched_runs(self.sandbox, box, len(stdins), py,
                           [] if found is None else found) as watch:
+            watch.inputs = stdins
             results, rest = self._each(box, task, program, stdins, py, stop, watch)
         for i in range(len(results), len(task.tests)):
             results.append(not_run(i) if rest == "not_run" else result(

@@ -30,7 +30,8 @@ ended by itself without Python's shutdown: os._exit, or the channel closed), aud
 function server answered calls, but the channel never showed it starting: closed or filled by
 the solution), audit_tampered (lines on the channel that the hook did not write). Runtime, any program (from the run's result only):
 output_flood (output past max_output_kb), limit_kill (killed for memory or file size; timeouts
-are not a signal: slow honest code times out).
+are not a signal: slow honest code times out), ignores_input (a stdin/stdout program that exited
+cleanly without reading a byte of a non-empty input).
 
 Each signal is `{"name", "reason"}`, the reason one short line. Not covered: intent (a signal
 says what the code does, not why), hacks no rule names (contained by the sandbox all the same,
@@ -55,7 +56,8 @@ STATIC_PY = ("special_casing", "eq_override", "exit_call", "reads_test_files", "
 STATIC_NATIVE = ("special_casing", "include_outside")
 RUNTIME = ("socket", "subprocess", "signals_others", "ctypes", "writes_outside",
            "reads_harness", "reads_outside", "sets_limits", "trace", "imports_harness", "introspection", "early_exit",
-           "silent_exit", "audit_silenced", "audit_tampered", "output_flood", "limit_kill")
+           "silent_exit", "audit_silenced", "audit_tampered", "output_flood", "limit_kill",
+           "ignores_input")
 _COMMON_WORDS = {"yes", "no", "true", "false", "none", "null", "impossible", "possible", "ok",
                  "error", "draw", "first", "second", "alice", "bob", "-1", "nan", "inf"}
 _TESTY = re.compile(r"(^|[/_.\-])(tests?|check(er)?|expected|answers?|harness|verdicts?|"
@@ -504,10 +506,16 @@ def audit_signals(seen: Observed, results: Sequence[RunResult], serve: bool,
     return merge(out)
 
 
-def result_signals(results: Iterable[RunResult]) -> list[dict[str, str]]:
-    """What any program's runs show without its help: output floods and kills by limits."""
+def result_signals(results: Iterable[RunResult], inputs: Sequence[bytes] = ()
+                   ) -> list[dict[str, str]]:
+    """What any program's runs show without its help: output floods, kills by limits, and (with
+    each run's stdin, `inputs`) a run that exited cleanly without reading a byte of its input."""
     out = []
-    for r in results:
+    for i, r in enumerate(results):
+        given = inputs[i] if i < len(inputs) else b""
+        if r.exit_code == 0 and not r.timed_out and r.stdin_read == 0 and given.strip():
+            out.append(signal("ignores_input", f"test {i}: exited without reading its input "
+                              "(its output does not depend on the test)"))
         if r.truncated:
             out.append(signal("output_flood", "printed more than max_output_kb"))
         if r.over_memory:

@@ -68,6 +68,7 @@ def answered_units(verdict_lines: list[str]) -> bool:
 @dataclass
 class RunsWatch:
     spec: dict | None  # None: not Python, no hook
+    inputs: list[bytes] = field(default_factory=list)  # each test's stdin
     results: list[RunResult] = field(default_factory=list)
 
 
@@ -83,7 +84,7 @@ def watched_runs(sandbox: Sandbox, box: Box, n: int, python: bool,
         yield watch
         if channel is not None and watch.results:
             found.extend(audit_signals(channel.read(), watch.results, False))
-        found.extend(result_signals(watch.results))
+        found.extend(result_signals(watch.results, watch.inputs))
     finally:
         if channel is not None:
             channel.close()
