@@ -5,10 +5,10 @@ operation the device does not support in the weights' dtype, a head that multipl
 quantized (packed) weight. Met halfway through the first step that is a raw traceback from deep
 inside the rollout or the loss. `probe(model)` runs, right after the LoRA layers are added, the
 two things a step will do on a 3-token input: a forward pass through mlx-lm's prompt cache (the
-rollout's path; the memory plan reads the cache's sizes from it: model_shape.py) and a
-forward and backward pass for the trainable parameters (the update's); any error is raised as a UsageError of one line
-(`failure_line`) naming the model type, the mlx-lm version, the failing operation (MLX's
-primitive and the innermost line of mlx-lm's model code) and a fix. `load_failure_line` does
+rollout's path; the memory plan reads the cache's sizes from it: model_shape.py) and a forward
+and backward pass for the trainable parameters (the update's); any error is raised as a
+UsageError of one line (`failure_line`) naming the model type, the mlx-lm version, the failing
+operation (MLX's primitive and the innermost line of mlx-lm's model code) and a fix. `load_failure_line` does
 the same for an error raised inside mlx-lm's model code while loading.
 
 Not covered: failures that only longer inputs or wider batches reach (a sliding window, a
