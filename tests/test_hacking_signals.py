@@ -274,12 +274,14 @@ def test_hub_health_summary_and_dashboard_from_steps(tmp_path: Path) -> None:
     assert any("special_casing: step 2, task t2-0" in ln for ln in lines)
     state = DashboardState(total_steps=2)
     state.metrics = read_jsonl(tmp_path / "batches.jsonl")[-1]
+    state.sample = {"task_id": "t2-0", "completion": "x", "signals": ["special_casing"]}
     from rich.console import Console
 
     console = Console(record=True, width=160)
     console.print(render(state))
     shown = console.export_text()
     assert "Hacking" in shown and "50% of completions flagged: special_casing 1" in shown
+    assert "hacking signals: special_casing" in shown  # the latest completion's panel
     p = subprocess.run([sys.executable, "-m", "mlx_rlaif.cli", "summary", str(tmp_path)],
                        capture_output=True, text=True)
     assert p.returncode == 0 and "hacking signals" in p.stdout and "t2-0" in p.stdout

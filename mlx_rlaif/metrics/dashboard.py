@@ -307,6 +307,9 @@ def _completion(sample: Mapping[str, Any]) -> RenderableType:
         extra.append(Text(f"reason: {visible(sample['reason'])}", style="dim"))
     if sample.get("rationale"):
         extra.append(Text(f"rationale: {visible(sample['rationale'])}", style="italic"))
+    if sample.get("signals"):  # reward-hacking signals (docs/hacking.md)
+        extra.append(Text("hacking signals: " + visible(", ".join(map(str, sample["signals"])),
+                                                         lines=False), style="bold red"))
     return Panel(Group(body, *extra), title=Text(title), title_align="left", border_style="dim")
 
 
