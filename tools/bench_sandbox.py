@@ -154,18 +154,19 @@ def export_tree(rev: str, where: str) -> str:
     return where
 
 
-def compare(modes: list[str], trees: dict[str, str], repeat: int) -> list[tuple]:
+def compare(modes: list[str], trees: dict[str, str], repeat: int, names: list[str]
+            ) -> list[tuple]:
     best: dict[tuple, float] = {}
     for _ in range(repeat):
         for mode in modes:
-            for name in WORKLOADS:
+            for name in names:
                 for label, tree in trees.items():  # alternately: the same load for both
                     got = run_child(tree, {"kind": "throughput", "mode": mode, "name": name})
                     if got["bad"]:
                         raise SystemExit(f"{label} {mode} {name}: not all passed: {got['bad']}")
                     key = (mode, name, label)
                     best[key] = max(best.get(key, 0.0), got["per_s"])
-    return [(m, n, best[(m, n, "before")], best[(m, n, "after")]) for m in modes for n in WORKLOADS]
+    return [(m, n, best[(m, n, "before")], best[(m, n, "after")]) for m in modes for n in names]
 
 
 # --- verdicts and the quickstart (--verdicts, --quickstart) ---------------------------------------
@@ -194,7 +195,8 @@ def child_verdicts(mode: str) -> dict:
         reward.close()
     return {"verdicts": [[r.value, [t["passed"] for t in r.details.get("tests") or []]]
                          for r in out],
-            "passed": sum(r.value == 1.0 for r in out), "n": len(out)}
+            "passed": sum(r.value == 1.0 for r in out), "n": len(out),
+            "ids": [t.id for t in tasks]}
 
 
 def child_quickstart(steps: int, out_dir: str) -> dict:
@@ -234,7 +236,9 @@ def before_after(args: argparse.Namespace) -> int:
         after = export_tree(args.after, f"{tmp}/after") if args.after else str(ROOT)
         trees = {"before": export_tree(args.before, f"{tmp}/before"), "after": after}
         modes = [m for m in args.modes if m != "seatbelt" or sys.platform == "darwin"]
-        rows = compare(modes, trees, args.repeat)
+        names = [n for n in WORKLOADS if not args.workloads or any(
+            w.lower() in n.lower() for w in args.workloads)]
+        rows = compare(modes, trees, args.repeat, names)
         print(f"{os.cpu_count()} cores, 1 worker, {args.before} (before) vs "
               f"{args.after or 'this tree'} (after), "
               f"best of {args.repeat} alternating rounds; load average "
@@ -247,11 +251,14 @@ def before_after(args: argparse.Namespace) -> int:
         if args.verdicts:
             for mode in modes[:1]:  # the first mode: verdicts are the sandbox's, not its speed
                 got = {k: run_child(t, {"kind": "verdicts", "mode": mode}) for k, t in trees.items()}
-                diff = sum(x != y for x, y in zip(got["before"]["verdicts"],
-                                                  got["after"]["verdicts"], strict=True))
-                print(f"\nverdicts, {mode}: {got['after']['n']} rewards, {diff} differ "
+                diff = [i for i, (x, y) in enumerate(zip(got["before"]["verdicts"],
+                                                         got["after"]["verdicts"], strict=True))
+                        if x != y]
+                print(f"\nverdicts, {mode}: {got['after']['n']} rewards, {len(diff)} differ "
                       f"(fully passed: before {got['before']['passed']}, after "
-                      f"{got['after']['passed']})")
+                      f"{got['after']['passed']}){': ' if diff else ''}"
+                      + "; ".join(f"{got['after']['ids'][i]}: before {got['before']['verdicts'][i]}"
+                                  f", after {got['after']['verdicts'][i]}" for i in diff[:5]))
         if args.quickstart:
             shares: dict[str, list[dict]] = {k: [] for k in trees}
             for i in range(args.repeat):
@@ -280,6 +287,8 @@ def main() -> int:
     ap.add_argument("--before", default="", help="a git revision to compare with (see above)")
     ap.add_argument("--after", default="", help="with --before: the revision measured as after "
                     "(default: this working tree)")
+    ap.add_argument("--workloads", nargs="*", default=[],
+                    help="with --before: only the workloads whose name holds one of these")
     ap.add_argument("--verdicts", action="store_true", help="with --before: compare verdicts")
     ap.add_argument("--quickstart", type=int, default=0, metavar="STEPS",
                     help="with --before: the quickstart's scoring share over STEPS steps")
