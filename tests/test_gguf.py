@@ -9,7 +9,7 @@ What llama.cpp must reproduce: the tokenization of each prompt, and the next-tok
 MLX's fused model at every position of a few prompts (the 20 tokens MLX ranks highest), to a
 tolerance per type; for the quantized types the reference is also MLX with the weights the file
 holds (gguf's own dequantization), which leaves only llama.cpp's arithmetic as the difference;
-greedy generation equal for f16. The tolerances are ~3x what was measured (BENCHMARKS.md).
+greedy generation equal for f16 up to near ties. The tolerances: beside TOLERANCE.
 
 Not covered here: Ollama itself (its template is rendered by tests/gotemplate.py's subset of Go
 templates and compared with the tokenizer's chat template).
@@ -41,10 +41,13 @@ gguf = pytest.importorskip("gguf", reason="the gguf writer: pip install -e '.[gg
 PROMPTS = ("def add(a, b):\n    return",
            "Write a function that reverses a string. Use slicing, 3 lines at most!",
            "<|im_start|>user\nSort [3, 1, 2] in Python.<|im_end|>\n<|im_start|>assistant\n")
-# max |log p(llama.cpp) - log p(MLX)| over MLX's top 20 tokens at every position
-TOLERANCE = {"f32": 0.01, "f16": 0.05, "bf16": 0.2, "q8_0": 0.6, "q4_0": 5.0}
-# the same against MLX running the weights the file holds (quantized types)
-TOLERANCE_SAME_WEIGHTS = {"q8_0": 0.6, "q4_0": 0.6}
+# max |log p(llama.cpp) - log p(MLX)| over MLX's top 20 tokens at every position, about 3x what
+# tools/gguf_logprobs.py measured (BENCHMARKS.md). Against MLX's float model a quantized type's
+# bound is loose (random weights are 4 bits' worst case: a gap of 5.5 measured for q4_0)...
+TOLERANCE = {"f16": 0.1, "bf16": 0.6, "q8_0": 1.5, "q4_0": 15.0}
+# ...so the check for them is this one: against MLX running the weights the file holds, where
+# only llama.cpp's arithmetic differs (measured 0.23 for q8_0, 0.13 for q4_0)
+TOLERANCE_SAME_WEIGHTS = {"q8_0": 0.6, "q4_0": 0.4}
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
              num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=151936,
