@@ -468,9 +468,13 @@ def _rmtree(path: Path) -> None:
             os.chmod(parent, 0o700)
             if not os.path.islink(p):  # chmod follows links: never to outside the box
                 os.chmod(p, 0o700)
-            func(p)
+            if func in (os.rmdir, os.unlink, os.remove):  # not os.open/scandir: they need more
+                func(p)
 
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=fix)
-    else:
-        shutil.rmtree(path, onerror=fix)
+    for _ in range(100):  # each pass opens up what the last one could not enter
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=fix)
+        else:
+            shutil.rmtree(path, onerror=fix)
+        if not os.path.lexists(path):
+            return

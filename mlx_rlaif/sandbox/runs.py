@@ -55,12 +55,12 @@ import tempfile
 import time
 from array import array
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 
 from .box import Box, Limits, Running, RunResult, Sandbox, SandboxError, _head, _rmtree, _wait_until
-from .modes import SHARED_DIRS
+from .modes import SHARED_DIRS, remove_owned
 
 PROGRAM = "/prog"  # the program directory inside bwrap
 GRACE_S = 2.0  # our own deadline past the launcher's wall limit, before we kill the sandbox
@@ -82,8 +82,12 @@ def run_each(sb: Sandbox, box: Box, program: str, stdins: Sequence[bytes], limit
         yield from _one_sandbox_each(sb, box, program, data, stdins, limits, python_file, audit)
         return
     with program_dir(sb, program, data, box.gid) as (host_dir, inside):
-        i = 0
+        i, since = 0, time.time() - 1.0
         while i < len(stdins):
+            if i:  # the last sandbox ended during a run: what it left is ours to remove
+                empty(box.host)
+                if sb.mode == "process" and box.uid is not None:
+                    remove_owned(box.uid, since)
             session = Session(sb, box, inside, host_dir, limits, python_file, audit)
             try:
                 alive = True
@@ -164,6 +168,8 @@ def empty(d: Path) -> None:
     """Remove everything in directory `d` (links themselves, never their targets)."""
     for entry in os.scandir(d):
         if entry.is_dir(follow_symlinks=False):
+            with suppress(OSError):
+                os.chmod(entry.path, 0o700)  # a run may leave it unreadable; never a link
             _rmtree(Path(entry.path))
         else:
             Path(entry.path).unlink(missing_ok=True)
@@ -214,7 +220,9 @@ class Session:
             duration = time.monotonic() - t0
             if answer is None or not answer:
                 return self._lost(files, duration, timed_out=answer is None), False
-            return self._result(answer.decode(errors="replace"), files, duration), True
+            text = answer.decode(errors="replace")
+            last = text.endswith(" last")  # the launcher could not empty the box: it ended
+            return self._result(text.removesuffix(" last"), files, duration), not last
         finally:
             for f in files:
                 f.close()
