@@ -77,7 +77,8 @@ def prepare(cfg: Config, run_dir: Path, resume_from: Path | None, world: World |
     if world.rank == 0 and resume_from is not None and (why := problem(resume_from)):
         raise CheckpointError(f"{resume_from} is damaged ({why}): resume from an earlier "
                               "checkpoint (--resume picks the newest whole one)")
-    if "exec" in {c.kind for c in reward_components(cfg.reward)}:
+    trained = {c.kind for c in reward_components(cfg.reward) if c.weight > 0}
+    if trained == {"exec"}:  # with another trained component exec's None is left out of the sum
         check_formats(tasks + eval_tasks)
     langs = {t.language for t in tasks + eval_tasks}
     reward_fn = build_reward(world.rank_config(cfg), None if world.rank else run_dir,
