@@ -263,8 +263,9 @@ def test_seatbelt_command_parameters_and_environment(mac: Path,
     assert defines["EXEC_0"] == os.path.realpath(sys.base_prefix)
     python = cmd[i:i + 4]
     assert python == [os.path.realpath(sys.executable), "-I", "-S", "-c"]
-    assert cmd[i + 4] == box.LAUNCHER and "'processes_now':" in cmd[i + 5]
-    assert len(cmd) == i + 6
+    assert cmd[i + 4] == box.BOOT and "'processes_now':" in cmd[i + 5]
+    assert cmd[i + 6] == box.precompiled(sys.executable, box.LAUNCHER, "launcher.py")
+    assert len(cmd) == i + 7
     env = seen["env"]
     assert set(env) == {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL"}
     assert env["HOME"] == env["TMPDIR"] == str(seen["box"].host)

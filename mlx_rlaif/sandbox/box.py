@@ -55,6 +55,8 @@ programs tried (tests/test_faults_sandbox.py).
 
 from __future__ import annotations
 
+import functools
+import marshal
 import os
 import select
 import shutil
@@ -87,6 +89,34 @@ from .modes import (
 from .watchdog import WATCHDOG
 
 LAUNCHER = Path(__file__).with_name("launcher.py").read_text()
+# runs the launcher from its code object (`launcher_code`, the argument after the spec): a
+# sandbox start then compiles nothing (compiling the launcher's text took 4 ms of each start)
+MAX_ARG = 120_000  # Linux refuses a single argument over 128 KiB (MAX_ARG_STRLEN)
+BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv.pop())))"
+
+
+@functools.lru_cache(maxsize=16)
+def precompiled(python: str, text: str, name: str) -> str | None:
+    """`text` compiled by the interpreter `python` (marshal's format and the bytecode are that
+    interpreter's own), as hex; None where it cannot be made (then the text itself is sent)."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return marshal.dumps(compile(text, name, "exec", optimize=2)).hex()
+    make = ("import marshal,sys;sys.stdout.write(marshal.dumps(compile(sys.stdin.read(),"
+            f"{name!r},'exec',optimize=2)).hex())")
+    try:
+        r = subprocess.run([python, "-I", "-S", "-c", make], input=text, text=True,
+                           capture_output=True, timeout=60, env={}, cwd="/")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout if r.returncode == 0 and r.stdout else None
+
+
+def launcher_argv(python: str, spec: dict) -> list[str]:
+    """The command line of the launcher under `python`, given its spec."""
+    code = precompiled(python, LAUNCHER, "launcher.py")
+    if code is None or len(code) > MAX_ARG:
+        return [python, "-I", "-S", "-c", LAUNCHER, repr(spec)]
+    return [python, "-I", "-S", "-c", BOOT, repr(spec), code]
 
 
 class SandboxError(RlaifError):
@@ -263,12 +293,13 @@ class Sandbox:
                 "no_new_privs": self.mode == "process" and sys.platform.startswith("linux")}
         if runs is not None:
             spec["runs"] = runs
-        if audit is not None:
-            spec["audit"] = audit
+        if audit is not None:  # its hook precompiled too, where it can be
+            hook = precompiled(self.python, audit["code"], "audit_hook.py")
+            spec["audit"] = audit if hook is None else {**audit, "code": None, "code_hex": hook}
             keep_fds = (*keep_fds, audit["fd"], audit["key_fd"])
         if self.mode == "seatbelt" and box.uid is None:  # the profile forbids `ps` inside
             spec["processes_now"] = seatbelt.processes_of(os.getuid())
-        cmd = [self.python, "-I", "-S", "-c", LAUNCHER, repr(spec)]
+        cmd = launcher_argv(self.python, spec)
         if self.mode == "bwrap":  # bwrap writes the pid of the namespace's init to --info-fd
             prog = ["--ro-bind", str(program_dir), "/prog"] if program_dir is not None else []
             cmd = [*bwrap_args(self._ro, str(box.host)), *prog, "--info-fd", str(info.fileno()),

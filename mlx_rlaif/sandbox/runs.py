@@ -53,11 +53,11 @@ import stat
 import sys
 import tempfile
 import time
-from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
+from typing import IO
 
 from .box import Box, Limits, Running, RunResult, Sandbox, SandboxError, _head, _rmtree, _wait_until
 from .modes import SHARED_DIRS, remove_owned
@@ -155,6 +155,15 @@ def _one_sandbox_each(sb: Sandbox, box: Box, name: str, program: bytes, stdins: 
         yield r
 
 
+def run_file() -> IO[bytes]:
+    """A fresh unnamed file for one run's stdin, stdout or stderr: a memfd where there is one
+    (no file system round trip), else a temporary file unlinked at once."""
+    if hasattr(os, "memfd_create"):
+        with suppress(OSError):
+            return os.fdopen(os.memfd_create("mlx-rlaif-run", os.MFD_CLOEXEC), "w+b")
+    return tempfile.TemporaryFile()  # noqa: SIM115 - closed by the caller
+
+
 def _offset(f) -> int | None:
     """How far the run read its stdin file: the offset of the open file description it
     shared with us (a hacking signal reads it: an exit before reading the input)."""
@@ -204,14 +213,14 @@ class Session:
 
     def test(self, stdin: bytes) -> tuple[RunResult, bool]:
         """One run on `stdin`: its result, and whether the sandbox can serve another."""
-        files = [tempfile.TemporaryFile() for _ in range(3)]  # noqa: SIM115
+        files = [run_file() for _ in range(3)]
         try:
             files[0].write(stdin)
             files[0].seek(0)
             t0 = time.monotonic()
             try:
                 self.sock.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                            array("i", [f.fileno() for f in files]))])
+                                            b"".join(f.fileno().to_bytes(4, sys.byteorder) for f in files))])
                 ready = select.select([self.sock], [], [],
                                       self.limits.timeout_s + GRACE_S)[0]
                 answer = self.sock.recv(4096) if ready else None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -81,9 +82,27 @@ def prepare(cfg: Config, run_dir: Path, resume_from: Path | None, world: World |
     if trained == {"exec"}:  # with another trained component exec's None is left out of the sum
         check_formats(tasks + eval_tasks)
     langs = {t.language for t in tasks + eval_tasks}
-    reward_fn = build_reward(world.rank_config(cfg), None if world.rank else run_dir,
+    cores = max(1, (os.cpu_count() or 1) // world.local)
+    reward_fn = build_reward(world.rank_config(cfg, decode_threads(cfg, cores)),
+                             None if world.rank else run_dir,
                              languages=langs, fields=record_fields(tasks + eval_tasks))
     return tasks, eval_tasks, reward_fn
+
+
+def decode_threads(cfg: Config, cores: int) -> int:
+    """The cores decoding keeps busy on this rank (`cores` its share): on a GPU (Metal, CUDA)
+    the one thread that feeds it; MLX on the CPU its BLAS threads (cpu/blas.py); torch on the
+    CPU half the cores, as MLX's."""
+    m = cfg.model
+    if m.backend == "torch":
+        return max(1, cores // 2) if m.device == "cpu" else 1
+    from ..cpu import on_cpu
+    from ..cpu.blas import default_threads
+
+    if not on_cpu():
+        return 1
+    env = os.environ.get("OPENBLAS_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else default_threads(cores)
 
 
 def decontaminated(tasks: list[Task], d: Any) -> list[Task]:
