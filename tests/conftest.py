@@ -87,6 +87,29 @@ def builtin_in_test_dtype(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield
 
 
+@pytest.fixture(scope="session")
+def learning_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """tests/test_learning.py's run, once per session: `mlx-rlaif train` (a subprocess) with the
+    quickstart's settings from the shipped tiny model, float base, seed 0, 16 RL steps on the
+    train tasks of four easy families, held-out eval of the same families before and after
+    (8 samples each). Returns the run directory and the CLI's stdout + stderr. Read-only for the
+    tests that use it: test_learning.py, and test_qlora.py's float-base half."""
+    import subprocess
+
+    from test_learning import _subset
+
+    tmp = tmp_path_factory.mktemp("learning")
+    out = tmp / "run"
+    cmd = [sys.executable, "-m", "mlx_rlaif.cli", "train", "--config", "configs/quickstart.yaml",
+           "--output-dir", str(out), "--no-dashboard", "--max-steps", "16",
+           "--train-file", str(_subset("synthetic-train", tmp / "train.jsonl")),
+           "--eval-file", str(_subset("synthetic-eval", tmp / "eval.jsonl")),
+           "--set", "data.eval_samples=8", "--set", "data.difficulties=[]"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return out, r.stdout + r.stderr
+
+
 @pytest.fixture()
 def prompts_file(tmp_path: Path) -> Path:
     """Seed-format task lines: prompt + language only."""

@@ -17,8 +17,6 @@ build, 0.52 when the test was written; docs/results.md, the quickstart) leaves r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,18 +35,11 @@ def _subset(split: str, path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_rl_raises_held_out_pass_at_1(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "mlx_rlaif.cli", "train", "--config", "configs/quickstart.yaml",
-           "--output-dir", str(out), "--no-dashboard", "--max-steps", "16",
-           "--train-file", str(_subset("synthetic-train", tmp_path / "train.jsonl")),
-           "--eval-file", str(_subset("synthetic-eval", tmp_path / "eval.jsonl")),
-           "--set", "data.eval_samples=8", "--set", "data.difficulties=[]"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+def test_rl_raises_held_out_pass_at_1(learning_run: tuple[Path, str]) -> None:
+    out, said = learning_run  # the run: tests/conftest.py (test_qlora.py reads it too)
     evals = json.loads((out / "eval.json").read_text())
     before, after = evals["before"], evals["after"]
     assert before["tasks"] == after["tasks"] == 12 and after["samples_per_task"] == 8
     assert (before["step"], after["step"]) == (0, 16)
     assert after["pass@1"] - before["pass@1"] >= MARGIN, evals
-    assert "held-out eval after training" in r.stdout + r.stderr
+    assert "held-out eval after training" in said

@@ -1,11 +1,14 @@
 """QLoRA trains as the float base does: the shipped tiny model quantized to 4 bits at load
 (`model.quantize: 4`: adapters on the quantized layers, decoding unfused, the reference the
 quantized base) and the float model, same seed, 16 RL steps on the train tasks of four easy
-families (test_learning.py's run). On both: every loss finite, the adapters moved, the reward
-of the last steps above the first's, and held-out pass@1 raised by test_learning's margin."""
+families. The float run is test_learning.py's run itself (tests/conftest.py's `learning_run`,
+made once per session and read by both). On both: every loss finite, the adapters moved, the
+reward of the last steps above the first's, and held-out pass@1 raised by test_learning's
+margin."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -30,14 +33,18 @@ def _run(tmp: Path, bits: int) -> tuple[list[dict], dict, Path]:
         "data.difficulties=[]", "logging.dashboard=false", "logging.tensorboard=false",
         "logging.collect_dataset=false"])
     run_dir = train(replace(cfg))
-    evals = __import__("json").loads((run_dir / "eval.json").read_text())
+    evals = json.loads((run_dir / "eval.json").read_text())
     return list(read_jsonl(run_dir / "batches.jsonl")), evals, run_dir
 
 
 @pytest.mark.slow
-def test_4bit_base_trains_as_the_float_base(tmp_path: Path) -> None:
+def test_4bit_base_trains_as_the_float_base(tmp_path: Path,
+                                            learning_run: tuple[Path, str]) -> None:
+    float_dir = learning_run[0]
+    float_run = (list(read_jsonl(float_dir / "batches.jsonl")),
+                 json.loads((float_dir / "eval.json").read_text()), float_dir)
     for bits in (0, 4):
-        steps, evals, run_dir = _run(tmp_path, bits)
+        steps, evals, run_dir = float_run if bits == 0 else _run(tmp_path, bits)
         rewards = [s["reward/mean"] for s in steps]
         assert len(steps) == 16 and all(math.isfinite(s["loss/total"]) for s in steps)
         assert sum(rewards[-4:]) > sum(rewards[:4]), (bits, rewards)
