@@ -1,5 +1,7 @@
 """One sandbox, one fresh process per test (mlx_rlaif/sandbox/runs.py): each isolation guarantee
-between the tests of one completion, tried by a hostile program, in `process` mode and, where
+between the tests of one completion, tried by a hostile program, in `process` mode, in `process`
+mode through the launcher's portable path (the one seatbelt uses on macOS: a stream socket, a
+SIGCHLD wakeup instead of a pidfd, the run's process group killed until empty) and, where
 bubblewrap works, `bwrap` mode.
 
 The hostile program is the same for every test (as a completion's program is): its stdin says
@@ -19,10 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
-from test_sandbox import BWRAP_SKIP, assert_gone
+from test_sandbox import BWRAP_SKIP, assert_gone, live_with
 
 from mlx_rlaif.sandbox import Limits, RunResult, Sandbox, SandboxError
-from mlx_rlaif.sandbox.runs import reuses_sandbox, run_each
+from mlx_rlaif.sandbox import runs as runs_mod
+from mlx_rlaif.sandbox.runs import portable, reuses_sandbox, run_each
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the guarantees tried here are Linux's (runs.py)")
@@ -30,11 +33,14 @@ FAST = Limits(timeout_s=3.0, cpu_s=3, memory_mb=512, file_size_mb=4, open_files=
               processes=16, output_bytes=1 << 16)
 
 
-@pytest.fixture(scope="module", params=["process", "bwrap"])
+@pytest.fixture(scope="module", params=["process", "process-portable", "bwrap"])
 def sb(request: pytest.FixtureRequest) -> Sandbox:
-    if request.param == "bwrap" and BWRAP_SKIP:
+    mode, _, how = request.param.partition("-")
+    if mode == "bwrap" and BWRAP_SKIP:
         pytest.skip(BWRAP_SKIP)
-    return Sandbox(request.param, slots=4, uid_base=64200)
+    sandbox = Sandbox(mode, slots=4, uid_base=64200)
+    sandbox.portable_runs = how == "portable"  # runs.portable: the macOS path, here
+    return sandbox
 
 
 def run(sb: Sandbox, code: str, stdins: list[str], limits: Limits = FAST) -> list[RunResult]:
@@ -44,14 +50,38 @@ def run(sb: Sandbox, code: str, stdins: list[str], limits: Limits = FAST) -> lis
                              python_file=True))
 
 
-def test_one_sandbox_serves_every_test_as_a_fresh_process(sb: Sandbox) -> None:
+def test_one_sandbox_serves_every_test_as_a_fresh_process(
+        sb: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    starts = []
+    start = sb.start
+    monkeypatch.setattr(sb, "start", lambda *a, **kw: starts.append(kw["runs"]) or start(*a, **kw))
     code = ("import os, sys\nn = int(input())\nprint(n * 2, os.getpid() > 0)\n"
             "print('err', n, file=sys.stderr)\nsys.exit(n % 3)\n")
     out = run(sb, code, [f"{i}\n" for i in range(7)])
     assert [r.stdout for r in out] == [f"{2 * i} True\n".encode() for i in range(7)]
     assert [r.stderr for r in out] == [f"err {i}\n".encode() for i in range(7)]
     assert [r.exit_code for r in out] == [i % 3 for i in range(7)]
-    assert reuses_sandbox(sb)
+    assert reuses_sandbox(sb) and len(starts) == 1
+    assert starts[0]["portable"] == sb.portable_runs == portable(sb)
+
+
+def test_what_a_run_leaves_in_its_process_group_is_killed(sb: Sandbox) -> None:
+    """Test 0 leaves children in its own process group (no setsid): the portable path's
+    sweep on macOS is this group kill; the next test sees none of them."""
+    token = secrets.token_hex(8)
+    code = ("import os, sys, time\nn = int(input())\n"
+            "if n == 0:\n"
+            "    for _ in range(3):\n"
+            "        if os.fork() == 0:\n"
+            f"            sys.argv[0] = '{token}'\n"
+            "            time.sleep(60)\n            os._exit(0)\n"
+            "    print('left', os.getpgrp() == os.getpid())\n"
+            "else:\n"
+            "    print('second', n)\n")
+    first, second = run(sb, code, ["0", "1"])
+    assert first.stdout == b"left True\n" and first.duration_s < 2.5, first
+    assert second.stdout == b"second 1\n"
+    assert_gone(token)
 
 
 def test_timeouts_cpu_and_exceptions_are_per_run(sb: Sandbox) -> None:
@@ -227,6 +257,7 @@ def test_a_program_that_is_not_a_file_is_our_error(sb: Sandbox) -> None:
         box.host.joinpath("prog").chmod(0o755)
         with pytest.raises(SandboxError, match="exec"):
             list(run_each(sb, box, "prog", [b""], FAST))
+    assert not runs_mod._REFUSED  # the program's fault: the portable path is not given up
 
 
 def test_compiled_program_many_runs(sb: Sandbox) -> None:
@@ -286,3 +317,64 @@ def test_unreadable_directories_are_removed_as_their_owner(which: str) -> None:
         assert tmp_path.exists()  # the link's target untouched
     finally:
         box_mod._rmtree(tmp_path)
+
+
+# --- the portable path's own parts, as a macOS launcher runs them (no subreaper, no /proc) ---
+
+
+@pytest.fixture()
+def sigchld():
+    """The launcher's SIGCHLD handler and wakeup fd installed in this process, then undone."""
+    import signal
+
+    from mlx_rlaif.sandbox import launcher
+
+    handler = signal.getsignal(signal.SIGCHLD)
+    wake = launcher._wakeup()
+    try:
+        yield wake
+    finally:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, handler)
+        os.close(wake)
+
+
+def _group(token: str, then: str) -> int:
+    """A child in a process group of its own, with two members left sleeping (no subreaper
+    here: when the child ends they are init's, as a macOS launcher's would be)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpgid(0, 0)
+            for _ in range(2):
+                if os.fork() == 0:
+                    os.execv("/bin/sh", ["/bin/sh", "-c", "sleep 60; :", token])
+            if then == "sleep":
+                time.sleep(60)
+        finally:
+            os._exit(0)
+    return pid
+
+
+def test_portable_wait_wakes_at_the_end_and_kills_at_the_deadline(sigchld: int) -> None:
+    import select
+
+    from mlx_rlaif.sandbox import launcher
+
+    token = secrets.token_hex(8)
+    child = _group(token, "exit")
+    t0 = time.monotonic()
+    st, verdict = launcher._wait_portable(child, 10.0, sigchld, select)
+    assert verdict is None and os.waitstatus_to_exitcode(st) == 0
+    assert time.monotonic() - t0 < 0.9  # woken by SIGCHLD, not the 1 s poll
+    assert live_with(token)  # the group's members outlive it: the sweep is what kills them
+    launcher._kill_group(child)
+    time.sleep(0.05)
+    assert_gone(token)
+
+    slow = _group(token, "sleep")
+    t0 = time.monotonic()
+    st, verdict = launcher._wait_portable(slow, 0.3, sigchld, select)
+    assert verdict == "T" and os.WIFSIGNALED(st) and time.monotonic() - t0 < 1.5
+    time.sleep(0.05)
+    assert_gone(token)  # the deadline killed the whole group

@@ -11,6 +11,7 @@ mode). To accept a deliberate change of the profile: `python3 tests/test_seatbel
 
 from __future__ import annotations
 
+import marshal
 import os
 import subprocess
 import sys
@@ -192,8 +193,23 @@ def test_writes_only_to_the_box_and_reads_nowhere_private() -> None:
 def test_every_parameter_is_defined_and_every_literal_fits() -> None:
     text = seatbelt.profile(N_EXEC)
     values = seatbelt.params("/tmp", ["/usr/lib", "/opt", "/srv"])
-    assert params_used(parse(text)) == set(values) == {"BOX", "EXEC_0", "EXEC_1", "EXEC_2"}
+    assert params_used(parse(text)) == set(values) == {"BOX", "PROG", "EXEC_0", "EXEC_1",
+                                                       "EXEC_2"}
     assert all(len(s.encode()) <= 1025 for s in strings(parse(text)))
+
+
+def test_the_program_directory_is_read_and_run_only(tmp_path: Path) -> None:
+    """PROG (runs.py's program directory, where a stdin/stdout program's runs execute it) is in
+    the exec and read rules and in no write rule; without one it is the box itself."""
+    rules = [rule(f) for f in parse(seatbelt.profile(N_EXEC))[2:]]
+    prog = ["subpath", ["param", ("str", "PROG")]]
+    where = {op for action, ops, filters in rules if prog in filters for op in ops}
+    assert where == {"process-exec", "file-read*", "file-map-executable"}, where
+    assert all(action == "allow" for action, _, filters in rules if prog in filters)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "box")
+    assert seatbelt.params(link, [])["PROG"] == str(tmp_path / "box")
+    assert seatbelt.params(link, [], link)["PROG"] == os.path.realpath(link)
 
 
 def test_paths_never_change_the_profile(tmp_path: Path) -> None:
@@ -264,7 +280,9 @@ def test_seatbelt_command_parameters_and_environment(mac: Path,
     python = cmd[i:i + 4]
     assert python == [os.path.realpath(sys.executable), "-I", "-S", "-c"]
     assert cmd[i + 4] == box.BOOT and "'processes_now':" in cmd[i + 5]
-    assert cmd[i + 6] == box.precompiled(sys.executable, box.LAUNCHER, "launcher.py")
+    # the same code (marshal's bytes may differ: its reference flags follow refcounts)
+    assert marshal.loads(bytes.fromhex(cmd[i + 6])) == marshal.loads(bytes.fromhex(
+        box.precompiled(sys.executable, box.LAUNCHER, "launcher.py")))
     assert len(cmd) == i + 7
     env = seen["env"]
     assert set(env) == {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL"}
@@ -329,3 +347,108 @@ def test_the_developer_directory_is_a_parameter(mac: Path, developer: Path,
     sb = Sandbox("seatbelt", slots=1)
     defines = started(monkeypatch, sb)["cmd"]
     assert f"EXEC_{len(sb._exec_dirs) - 1}={developer}" in defines
+
+
+# --- one sandbox start per completion under seatbelt (runs.py), and the fallback ----------
+# sandbox-exec stood in by a script that drops the profile and runs the command: the launcher's
+# portable path, the stream socket and the parameters run here as they would on a Mac (not the
+# profile's enforcement: `mlx-rlaif doctor` on a Mac).
+
+STAND_IN = """#!/bin/sh
+[ "$1" = -p ] && shift 2
+while [ "$1" = -D ]; do shift 2; done
+{refuse}
+exec "$@"
+"""
+
+
+@pytest.fixture()
+def stand_in(mac: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """A seatbelt Sandbox whose sandbox-exec is a stand-in (`refuse`: a shell line run first);
+    the starts it made (their -D parameters and spec) are recorded."""
+    from mlx_rlaif.sandbox import runs
+
+    monkeypatch.setattr(runs, "_REFUSED", [])
+    starts: list[dict] = []
+    popen = box.subprocess.Popen
+
+    def record(cmd, **kw):
+        if cmd[0] == seatbelt.SANDBOX_EXEC:
+            starts.append({"D": dict(cmd[i + 1].split("=", 1) for i, x in enumerate(cmd)
+                                     if x == "-D"), "runs": "'runs':" in " ".join(cmd)})
+        return popen(cmd, **kw)
+
+    monkeypatch.setattr(box.subprocess, "Popen", record)
+
+    def make(refuse: str = "") -> tuple[Sandbox, list[dict]]:
+        exe = tmp_path / "sandbox-exec"
+        exe.write_text(STAND_IN.format(refuse=refuse))
+        exe.chmod(0o755)
+        monkeypatch.setattr(seatbelt, "SANDBOX_EXEC", str(exe))
+        return Sandbox("seatbelt", slots=1), starts
+
+    return make
+
+
+def _each(sb: Sandbox, n: int) -> list:
+    from mlx_rlaif.sandbox.runs import run_each
+
+    code = "n = int(input())\nprint(n * n)\n"
+    with sb.box() as b:
+        b.write("main.py", code)
+        return list(run_each(sb, b, "main.py", [f"{i}\n".encode() for i in range(n)],
+                             Limits(timeout_s=20), python_file=True))
+
+
+def test_seatbelt_serves_every_test_from_one_start(stand_in) -> None:
+    from mlx_rlaif.sandbox import runs
+
+    sb, starts = stand_in()
+    assert runs.portable(sb) and runs.reuses_sandbox(sb)
+    out = _each(sb, 5)
+    assert [r.stdout for r in out] == [f"{i * i}\n".encode() for i in range(5)]
+    assert [s["runs"] for s in starts] == [True]  # one sandbox start for the five tests
+    prog, box_dir = starts[0]["D"]["PROG"], starts[0]["D"]["BOX"]
+    assert prog != box_dir and os.path.basename(prog).startswith("mlx-rlaif-prog-")
+    assert prog == os.path.realpath(prog) and not runs._REFUSED
+
+
+@pytest.mark.parametrize("how", ["start", "files"])
+def test_seatbelt_falls_back_to_a_sandbox_per_test_once(
+        stand_in, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        how: str) -> None:
+    """The session cannot start (`start`: sandbox-exec refuses it) or the run's fds do not
+    arrive (`files`: the launcher answers `E ...`): the test runs in a sandbox of its own, one
+    warning, and from then on every test does; scoring is not broken."""
+    from mlx_rlaif.sandbox import runs
+
+    sb, starts = stand_in(refuse="""case "$*" in *"'runs':"*) exit 1;; esac"""
+                          if how == "start" else "")
+    if how == "files":
+        monkeypatch.setattr(runs.Session, "_send", lambda self, files: self.sock.send(b"T"))
+    with caplog.at_level("WARNING", logger="mlx_rlaif.sandbox.runs"):
+        out = _each(sb, 4)
+        assert [r.stdout for r in out] == [f"{i * i}\n".encode() for i in range(4)]
+        assert [s["runs"] for s in starts] == [True, False, False, False, False]
+        assert not runs.reuses_sandbox(sb)
+        again = _each(sb, 2)
+    assert [r.stdout for r in again] == [b"0\n", b"1\n"]
+    assert [s["runs"] for s in starts[5:]] == [False, False]  # no session tried again
+    warned = [r.getMessage() for r in caplog.records if "could not serve" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert ("did not start" if how == "start" else "did not arrive") in warned[0]
+    # only the portable path is given up: Linux's own (pidfd) path is unaffected
+    linux = Sandbox("process", slots=1)
+    assert runs.portable(linux) == (not runs._pidfds()) and (
+        runs.reuses_sandbox(linux) == runs._pidfds())
+
+
+def test_a_program_error_under_seatbelt_is_not_a_refused_session(stand_in) -> None:
+    from mlx_rlaif.sandbox import runs
+
+    sb, starts = stand_in()
+    with sb.box() as b:
+        b.write("prog", b"\x7fELF not really", 0o755)
+        with pytest.raises(SandboxError, match="exec"):
+            list(runs.run_each(sb, b, "prog", [b"", b""], Limits(timeout_s=20)))
+    assert not runs._REFUSED and runs.reuses_sandbox(sb)

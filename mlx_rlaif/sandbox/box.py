@@ -29,8 +29,8 @@ run, cannot read /proc/<pid>/environ of others, and all its processes can be kil
 (and no_new_privs: setuid binaries do not elevate it; bwrap mounts everything nosuid).
 Host-specific parts (mode choice, bwrap layout, uid pool) are in modes.py, the macOS profile in
 seatbelt.py; the in-sandbox launcher is launcher.py. The tests of a stdin/stdout program run
-in one sandbox, a fresh process each (runs.py: how nothing of one test reaches the next one's
-input, output or verdict, per mode; seatbelt keeps a sandbox per test).
+in one sandbox, a fresh process each, in every mode (runs.py: how nothing of one test reaches
+the next one's input, output or verdict, per mode, and what seatbelt cannot promise).
 
 Where the trainer's own files live: one run's files (the checker's task and tests, the
 student's code and results) are in its box, or in unnamed temporary files (output, verdicts,
@@ -281,8 +281,9 @@ class Sandbox:
         """Start `argv` in `box`. With `python_file`, argv[0] is a Python file run by our
         interpreter (paths as seen inside the box). `keep_fds` stay open in the program.
         `runs` (runs.py) makes the launcher serve many runs of argv; `program_dir` is bound
-        read-only at runs.PROGRAM under bwrap. `audit` (audit.py's `Channel.spec`): the launcher
-        installs the audit hook before the Python program; its fds are passed to the run."""
+        read-only at runs.PROGRAM under bwrap, readable (not writable) under seatbelt. `audit`
+        (audit.py's `Channel.spec`): the launcher installs the audit hook before the Python
+        program; its fds are passed to the run."""
         # unnamed files (closed by Running.wait): nothing else can open them by path
         out, err, status, info = (tempfile.TemporaryFile() for _ in range(4))  # noqa: SIM115
         spec = {"status_fd": status.fileno(), "limits": limits.rlimits(), "uid": box.uid,
@@ -305,7 +306,8 @@ class Sandbox:
             cmd = [*bwrap_args(self._ro, str(box.host)), *prog, "--info-fd", str(info.fileno()),
                    *cmd]
         elif self.mode == "seatbelt":
-            cmd = seatbelt.command(self._profile, seatbelt.params(box.host, self._exec_dirs), cmd)
+            cmd = seatbelt.command(self._profile, seatbelt.params(box.host, self._exec_dirs,
+                                                                  program_dir), cmd)
         try:
             proc = subprocess.Popen(
                 cmd, stdin=stdin if stdin is not None else subprocess.DEVNULL, stdout=out,

@@ -310,25 +310,38 @@ def _serve_runs(spec, status):
     trusted side made for this run alone). For each: fork the program onto those fds (own
     limits, own process group, the sandbox uid), wait for it up to the wall limit, kill every
     process left (`_sweep`), empty the working directories (`_wipe`), and only then answer one
-    message: `X code`, `S signal`, `T` (timed out) or `E why` (our failure). The program never
-    holds the control socket or another run's fds; this process is not dumpable, so a program
-    with its uid can neither ptrace it nor open its fds through /proc.
+    line: `X code`, `S signal`, `T` (timed out) or `E why` (our failure). The program never
+    holds the control socket or another run's fds; this process is not dumpable (Linux), so a
+    program with its uid can neither ptrace it nor open its fds through /proc.
+
+    Two ways to wait and sweep. Linux (pidfd): a pidfd per run, and the launcher a child
+    subreaper, so no child left means nothing of the run left. `runs["portable"]` (macOS, any
+    platform without pidfds; tests select it on Linux): the socket is a stream (macOS has no
+    Unix SOCK_SEQPACKET), a SIGCHLD handler's wakeup pipe wakes the wait (`_wait_portable`),
+    and the sweep kills the run's process group until it is empty, then every descendant this
+    process can see (Linux: still a subreaper; macOS: none, there is no /proc, no subreaper,
+    and the profile denies `ps`, so a process that left the group is not found).
     """
     import _socket
     import select
 
-    ctrl = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, spec["runs"]["ctrl_fd"])
-    libc = _libc()
-    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    runs = spec["runs"]
+    portable = runs.get("portable")
+    kind = _socket.SOCK_STREAM if portable else _socket.SOCK_SEQPACKET
+    ctrl = _socket.socket(_socket.AF_UNIX, kind, 0, runs["ctrl_fd"])
+    if sys.platform.startswith("linux"):
+        libc = _libc()
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     if spec.get("netns"):  # one network namespace for all the runs (they never overlap)
-        if libc.unshare(_CLONE_NEWNET) != 0:
+        if _libc().unshare(_CLONE_NEWNET) != 0:
             _say(status, f"E unshare(CLONE_NEWNET) failed: {os.strerror(_errno())}")
             os._exit(121)
         spec = {**spec, "netns": False}
     if hasattr(resource, "RLIMIT_MSGQUEUE"):  # no POSIX message queue to leave behind (every
         resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))  # run inherits the limit)
     _signal.signal(_SIGTERM, _on_term)
+    wake = _wakeup() if portable else None
     import gc
 
     # the compiler's first use costs a run 0.8 ms (it is cold in each fork): warm it here, on
@@ -347,16 +360,18 @@ def _serve_runs(spec, status):
             if data != b"T" or len(fds) != 3:
                 for fd in fds:
                     _try(os.close, fd)
+                if data == b"T":  # a request whose files did not arrive: our failure
+                    _try(ctrl.sendmsg, [b"E the run's files did not arrive\n"])
                 break  # EOF (the trusted side is done) or a request we do not understand
             since = _now()
-            verdict = _one_run(spec, fds, select)
+            verdict = _one_run(spec, fds, select, wake)
             _sweep(spec)
             try:
                 _wipe(spec, since)
             except Exception:  # noqa: BLE001 - the trusted side empties the box, then restarts
-                ctrl.sendmsg([f"{verdict} last".encode()])
+                ctrl.sendmsg([f"{verdict} last\n".encode()])
                 break
-            ctrl.sendmsg([verdict.encode()])
+            ctrl.sendmsg([f"{verdict}\n".encode()])
     except _Timeout:
         pass
     _signal.signal(_SIGTERM, _signal.SIG_IGN)
@@ -370,12 +385,16 @@ def _now():
     return time.time() - 1.0  # ctime has a coarse resolution: what a run made is newer
 
 
-def _one_run(spec, fds, select):
-    """Fork one run of the program on `fds` (stdin, stdout, stderr); its verdict line."""
+def _one_run(spec, fds, select, wake=None):
+    """Fork one run of the program on `fds` (stdin, stdout, stderr); its verdict line.
+    `wake`: the SIGCHLD wakeup pipe of the portable path (else a pidfd is the wait)."""
     r, w = os.pipe()
     child = os.fork()
     if child == 0:
         _signal.signal(_SIGTERM, _signal.SIG_DFL)
+        if wake is not None:  # the run gets neither our handler nor our wakeup fd's number
+            _signal.set_wakeup_fd(-1)
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         os.close(r)
         for i, fd in enumerate(fds):
             os.dup2(fd, i)
@@ -391,15 +410,18 @@ def _one_run(spec, fds, select):
     for fd in fds:
         os.close(fd)
     verdict = None
-    pidfd = os.pidfd_open(child)
-    try:
-        if not select.select([pidfd], [], [], spec["runs"]["timeout_s"])[0]:
-            _try(os.killpg, child, _SIGKILL)
-            _try(os.kill, child, _SIGKILL)
-            verdict = "T"
-        _, st = os.waitpid(child, 0)
-    finally:
-        os.close(pidfd)
+    if wake is not None:
+        st, verdict = _wait_portable(child, spec["runs"]["timeout_s"], wake, select)
+    else:
+        pidfd = os.pidfd_open(child)
+        try:
+            if not select.select([pidfd], [], [], spec["runs"]["timeout_s"])[0]:
+                _try(os.killpg, child, _SIGKILL)
+                _try(os.kill, child, _SIGKILL)
+                verdict = "T"
+            _, st = os.waitpid(child, 0)
+        finally:
+            os.close(pidfd)
     with os.fdopen(r, "rb") as f:
         lines = f.read(8192).decode(errors="replace").splitlines()
     errors = [ln for ln in lines if ln.startswith("E ")]
@@ -410,6 +432,42 @@ def _one_run(spec, fds, select):
     if verdict is None:
         verdict = f"S {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"X {os.WEXITSTATUS(st)}"
     return verdict
+
+
+def _wakeup():
+    """The portable path's wait: a pipe that every SIGCHLD writes a byte into (the C-level
+    handler's wakeup fd), so a select on it wakes when a run ends; its read end."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    _signal.signal(_signal.SIGCHLD, _on_child)
+    _signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    return r
+
+
+def _on_child(signum, frame):
+    pass  # the wakeup fd is what counts; a Python handler must exist for it to be written
+
+
+def _wait_portable(child, timeout, wake, select):
+    """Wait for the run `child` up to `timeout` s without a pidfd: waitpid(WNOHANG), then a
+    select on the SIGCHLD wakeup pipe (a SIGCHLD after the waitpid leaves a byte there, so
+    no end is missed). At the deadline its group and itself are killed. (status, "T"|None)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, st = os.waitpid(child, os.WNOHANG)
+        if pid:
+            return st, None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _try(os.killpg, child, _SIGKILL)
+            _try(os.kill, child, _SIGKILL)
+            return os.waitpid(child, 0)[1], "T"
+        if select.select([wake], [], [], min(left, 1.0))[0]:
+            while _try(os.read, wake, 512):  # drained: the next SIGCHLD writes again
+                pass
 
 
 def _finish(code):
@@ -454,8 +512,11 @@ def _sweep(spec):
     """Kill every process the last run left, and reap them: in bwrap's pid namespace all of
     them but us (kill -1 there reaches nothing outside); as root every process of the sandbox
     uid; else every descendant. We are a child subreaper and every process of a run descends
-    from it, so when no child of ours is left, nothing of the run is."""
-    if not _reap():
+    from it, so when no child of ours is left, nothing of the run is. Portable path: no
+    subreaper to rely on (macOS), so the run's process group is always killed until it is
+    empty (`_kill_group`), then every descendant that can be seen."""
+    portable = spec["runs"].get("portable")
+    if not portable and not _reap():
         _RUN.clear()
         return
     if spec["runs"]["pidns"]:
@@ -468,8 +529,27 @@ def _sweep(spec):
     elif spec.get("uid") is not None:
         _kill_uid(spec["uid"], spec["gid"])
     if _RUN:
-        _kill_descendants(_RUN.pop())
+        pgid = _RUN.pop()
+        if portable:
+            _kill_group(pgid)
+        if not portable or _reap():  # a child of ours left: on Linux, an orphan of the run
+            _kill_descendants(pgid)
     _reap()
+
+
+def _kill_group(pgid):
+    """Kill the run's process group until no process is left in it (killpg: ESRCH)."""
+    import time
+
+    for _ in range(50):
+        try:
+            os.killpg(pgid, _SIGKILL)
+        except ProcessLookupError:
+            return
+        except OSError:
+            pass
+        _reap()
+        time.sleep(0.001)  # killed members are reaped (by init on macOS) before they go
 
 
 def _live_pids():

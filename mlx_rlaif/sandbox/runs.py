@@ -44,6 +44,8 @@ in box.py); Linux keyrings and other per-user kernel state.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import select
 import shutil
@@ -64,12 +66,33 @@ from .modes import SHARED_DIRS, remove_owned
 
 PROGRAM = "/prog"  # the program directory inside bwrap
 GRACE_S = 2.0  # our own deadline past the launcher's wall limit, before we kill the sandbox
+log = logging.getLogger(__name__)
+
+
+_REFUSED: list[str] = []  # why the portable path failed to start here (then: a sandbox per test)
+
+
+@functools.cache
+def _pidfds() -> bool:
+    """Whether this kernel has pidfds (Python has os.pidfd_open from 3.9; Linux from 5.3)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+def portable(sb: Sandbox) -> bool:
+    """Whether the launcher serves runs the portable way (launcher.py `_serve_runs`): seatbelt,
+    any platform without pidfds, or a Sandbox whose `portable_runs` a test set."""
+    return (sb.mode == "seatbelt" or not sys.platform.startswith("linux") or not _pidfds()
+            or getattr(sb, "portable_runs", False))
 
 
 def reuses_sandbox(sb: Sandbox) -> bool:
-    """Whether one sandbox serves many runs here (Linux bwrap or process mode)."""
-    return (sys.platform.startswith("linux") and sb.mode in ("bwrap", "process")
-            and hasattr(os, "pidfd_open"))
+    """Whether one sandbox serves many runs here: every mode, unless the portable path failed
+    to start once in this process (then a sandbox per test, as before)."""
+    return not (_REFUSED and portable(sb))
 
 
 def run_each(sb: Sandbox, box: Box, program: str, stdins: Sequence[bytes], limits: Limits, *,
@@ -81,9 +104,10 @@ def run_each(sb: Sandbox, box: Box, program: str, stdins: Sequence[bytes], limit
     if not reuses_sandbox(sb):
         yield from _one_sandbox_each(sb, box, program, data, stdins, limits, python_file, audit)
         return
+    each = False
     with program_dir(sb, program, data, box.gid) as (host_dir, inside):
         i, since = 0, time.time() - 1.0
-        while i < len(stdins):
+        while i < len(stdins) and not each:
             if i:  # the last sandbox ended during a run: what it left is ours to remove
                 empty(box.host)
                 if sb.mode == "process" and box.uid is not None:
@@ -92,11 +116,39 @@ def run_each(sb: Sandbox, box: Box, program: str, stdins: Sequence[bytes], limit
             try:
                 alive = True
                 while alive and i < len(stdins):
-                    r, alive = session.test(stdins[i])
+                    try:
+                        r, alive = session.test(stdins[i])
+                    except SandboxError as e:
+                        if session.served or not portable(sb):
+                            raise
+                        session.close()
+                        r, each = _refused(sb, box, program, data, stdins[i], limits,
+                                           python_file, audit, e), True
                     i += 1
                     yield r
+                    if each:
+                        break
             finally:
                 session.close()
+    if each:  # the portable path failed to start: every test left gets a sandbox of its own
+        yield from _one_sandbox_each(sb, box, program, data, stdins[i:], limits, python_file,
+                                     audit)
+
+
+def _refused(sb: Sandbox, box: Box, name: str, data: bytes, stdin: bytes, limits: Limits,
+             python_file: bool, audit: dict | None, why: SandboxError) -> RunResult:
+    """The first run of a portable session failed as our failure (`E ...`: the launcher could
+    not serve, e.g. a profile that refuses the fds passed over its socket; unverified without
+    a Mac). If that test's input runs in a sandbox of its own (its result returned), the
+    session was the fault: the rest of this process uses a sandbox per test (one warning);
+    else the error is the program's or the whole sandbox's, and is raised as before."""
+    r = next(_one_sandbox_each(sb, box, name, data, [stdin], limits, python_file, audit))
+    if not _REFUSED:
+        log.warning("the %s sandbox could not serve many runs in one start (%s): every test of "
+                    "a stdin/stdout program starts a sandbox of its own from now on (slower, "
+                    "the same isolation)", sb.mode, why)
+    _REFUSED.append(str(why))
+    return r
 
 
 def read_program(box: Box, name: str) -> bytes:
@@ -190,9 +242,12 @@ class Session:
     def __init__(self, sb: Sandbox, box: Box, inside: str, host_dir: Path, limits: Limits,
                  python_file: bool, audit: dict | None = None):
         self.limits = limits
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.served = 0  # runs answered
+        move = portable(sb)  # macOS has no Unix SOCK_SEQPACKET: a stream, answers end in \n
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM if move
+                                         else socket.SOCK_SEQPACKET)
         root_process = sb.mode == "process" and box.uid is not None
-        runs = {"ctrl_fd": theirs.fileno(), "timeout_s": limits.timeout_s,
+        runs = {"ctrl_fd": theirs.fileno(), "timeout_s": limits.timeout_s, "portable": move,
                 "pidns": sb.mode == "bwrap",
                 "wipe": [box.inside, "/tmp", "/dev/shm"] if sb.mode == "bwrap" else [box.inside],
                 "shared_dirs": list(SHARED_DIRS) if root_process else [],
@@ -219,22 +274,39 @@ class Session:
             files[0].seek(0)
             t0 = time.monotonic()
             try:
-                self.sock.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                            b"".join(f.fileno().to_bytes(4, sys.byteorder) for f in files))])
-                ready = select.select([self.sock], [], [],
-                                      self.limits.timeout_s + GRACE_S)[0]
-                answer = self.sock.recv(4096) if ready else None
+                self._send(files)
+                answer = self._answer(t0 + self.limits.timeout_s + GRACE_S)
             except OSError:
-                ready, answer = [True], b""  # the launcher is gone
+                answer = b""  # the launcher is gone
             duration = time.monotonic() - t0
             if answer is None or not answer:
                 return self._lost(files, duration, timed_out=answer is None), False
-            text = answer.decode(errors="replace")
+            text = answer.decode(errors="replace").removesuffix("\n")
             last = text.endswith(" last")  # the launcher could not empty the box: it ended
-            return self._result(text.removesuffix(" last"), files, duration), not last
+            r = self._result(text.removesuffix(" last"), files, duration)
+            self.served += 1
+            return r, not last
         finally:
             for f in files:
                 f.close()
+
+    def _send(self, files: list) -> None:
+        """The request: "T" with the run's three fds."""
+        self.sock.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                    b"".join(f.fileno().to_bytes(4, sys.byteorder) for f in files))])
+
+    def _answer(self, deadline: float) -> bytes | None:
+        """The launcher's answer line; b"" when it is gone, None past `deadline` (monotonic).
+        One message on SOCK_SEQPACKET; on the portable path's stream, up to its newline."""
+        answer = b""
+        while not answer.endswith(b"\n"):
+            if not select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return None
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                return b""
+            answer += chunk
+        return answer
 
     def _result(self, answer: str, files: list, duration: float) -> RunResult:
         kind, _, n = answer.partition(" ")

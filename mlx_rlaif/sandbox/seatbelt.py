@@ -9,14 +9,16 @@ that fails to compile or apply fails the run (the launcher never reports ready: 
 nothing retries it unsandboxed.
 
 What it allows, and nothing else (`(deny default)` first; the last matching rule wins):
-- processes: `process-fork`; `process-exec` of the interpreter, the toolchains and the box
-  (compiled programs); `signal` and `process-info*` only to processes in this sandbox;
+- processes: `process-fork`; `process-exec` of the interpreter, the toolchains, the box
+  (compiled programs) and the program directory (`PROG`: a stdin/stdout program's copy that
+  its runs execute, runs.py; the box when there is none); `signal` and `process-info*` only
+  to processes in this sandbox;
 - reads (and `file-map-executable`, to load code): the interpreter's installation, the
-  toolchains, the box, the system's libraries (`/usr`, `/System/Library`, the dyld cache in
+  toolchains, the box, the program directory, the system's libraries (`/usr`, `/System/Library`, the dyld cache in
   the cryptexes, `/private/var/db/dyld`), the time zone database, a few devices
   (`/dev/null`, `/dev/zero`, `/dev/random`, `/dev/urandom`, the `/dev/fd` listing); metadata
   (`stat`) anywhere: path resolution needs it for every component of every path;
-- writes: the box, and `/dev/null`;
+- writes: the box, and `/dev/null` (never the program directory);
 - Mach: the one service `getpwuid` needs (`com.apple.system.opendirectoryd.libinfo`);
 - `sysctl-read` of hardware and OS-version names only (no `kern.proc*`: no other process's
   argv or environment through `kern.procargs2`); POSIX semaphores named like Python's
@@ -54,6 +56,7 @@ from collections.abc import Mapping, Sequence
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 BOX_PARAM = "BOX"
+PROG_PARAM = "PROG"  # the program directory of a stdin/stdout program's runs (runs.py)
 
 SYSTEM_READS = ("/usr", "/System/Library", "/System/Volumes/Preboot/Cryptexes",
                 "/System/Cryptexes", "/private/var/db/dyld", "/private/var/db/timezone")
@@ -85,9 +88,10 @@ def _lines(items: Sequence[str]) -> str:
 
 def profile(n_exec: int) -> str:
     """The profile's text for a run with `n_exec` interpreter and toolchain directories (the
-    parameters EXEC_0 .. EXEC_{n-1}, and BOX). The same text for every run of one Sandbox."""
+    parameters EXEC_0 .. EXEC_{n-1}, BOX, and PROG: the program directory, read and run only).
+    The same text for every run of one Sandbox."""
     code = [f'(subpath (param "{exec_param(i)}"))' for i in range(n_exec)]
-    code.append(f'(subpath (param "{BOX_PARAM}"))')
+    code += [f'(subpath (param "{BOX_PARAM}"))', f'(subpath (param "{PROG_PARAM}"))']
     system = [f'(subpath "{p}")' for p in SYSTEM_READS]
     devices = [f'(literal "{p}")' for p in DEVICE_READS]
     sysctls = ([f'(sysctl-name "{n}")' for n in SYSCTL_NAMES]
@@ -96,7 +100,7 @@ def profile(n_exec: int) -> str:
     return f"""(version 1)
 (deny default)
 
-; processes: fork; exec the interpreter, the toolchains and the box's programs
+; processes: fork; exec the interpreter, the toolchains, the box's and the program directory's
 (allow process-fork)
 (allow process-exec
 {_lines(code)})
@@ -129,10 +133,14 @@ def profile(n_exec: int) -> str:
 """
 
 
-def params(box: str | os.PathLike, exec_dirs: Sequence[str]) -> dict[str, str]:
-    """The -D parameters of one run: every path absolute and resolved (realpath)."""
+def params(box: str | os.PathLike, exec_dirs: Sequence[str],
+           program: str | os.PathLike | None = None) -> dict[str, str]:
+    """The -D parameters of one run: every path absolute and resolved (realpath). `program`:
+    the program directory (runs.py), readable and runnable, never writable; without one, the
+    box (which the run may read already)."""
     out = {exec_param(i): os.path.realpath(p) for i, p in enumerate(exec_dirs)}
     out[BOX_PARAM] = os.path.realpath(box)
+    out[PROG_PARAM] = os.path.realpath(program if program is not None else box)
     return out
 
 
