@@ -372,6 +372,10 @@ class ExecConfig:
                       "mlx-rlaif, or a system python3 the sandbox user can run).")
     cpp_compiler: str = opt("", "C++ compiler (empty: g++, else clang++, on PATH).")
     cpp_flags: tuple[str, ...] = opt(("-std=c++17", "-O1", "-pipe"), "C++ compiler flags.")
+    cpp_pch: bool = opt(True, "Precompile <bits/stdc++.h> and <iostream> once per compiler and "
+                        "flags (GCC on Linux; cached in ~/.cache/mlx-rlaif/pch, about 125 MB) so "
+                        "that C++ builds that start with them take a fraction of the time; GCC "
+                        "uses them only where equivalent, so verdicts do not change.")
     rust_flags: tuple[str, ...] = opt(("--edition", "2021", "-C", "opt-level=1"),
                                       "rustc flags.")
     uid_base: int = opt(64000, "When mlx-rlaif runs as root: student code runs as uids uid_base, "

@@ -44,7 +44,8 @@ compared as text after stripping trailing whitespace).
 
 Layout: this module runs processes (toolchains, builds, the three runners, the thread pool);
 tasks.py holds the pure parts (formats, program assembly, `check` instrumentation,
-comparisons, the Reward); harness.py is the code that runs inside the sandboxes.
+comparisons, the Reward); harness.py is the code that runs inside the sandboxes; pch.py the
+precompiled headers C++ builds use with GCC on Linux (`reward.exec.cpp_pch`).
 """
 
 from __future__ import annotations
@@ -70,9 +71,10 @@ from ...config import ExecConfig
 from ...errors import ConfigError
 from ...records import Reward, Task, extract_code
 from ...sandbox import Box, Limits, Running, Sandbox, SandboxError, seatbelt
-from ...sandbox.runs import run_each
+from ...sandbox.runs import PROGRAM, run_each
 from ..signals import NAMES, penalize
 from . import harness as wire
+from . import pch
 from . import signals as hacks
 from .tasks import (
     Unscorable,
@@ -197,6 +199,8 @@ class ExecReward:
                 self.sandbox.describe(), self.workers, ", ".join(sorted(self.toolchains)))
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="exec-reward")
         self._lock = threading.Lock()
+        self._pch_lock = threading.Lock()
+        self._pch: dict[str, str | None] = {}  # compiler -> precompiled headers (pch.py)
         self._counts = {"completions": 0, "unscorable": 0, "timeouts": 0, "build_errors": 0,
                         "seconds": 0.0, "shared": 0, "cached": 0}
         self._cache = Answers(cfg.cache_size)
@@ -334,13 +338,32 @@ class ExecReward:
         box.write(_SOURCE[tc.language], program)
         if tc.compiler is None:
             return syntax_error(program)
-        argv = [tc.compiler, *tc.flags, "-o", "prog", _SOURCE[tc.language]]
-        path = f"{os.path.dirname(tc.compiler)}:/usr/local/bin:/usr/bin:/bin"
-        r = self.sandbox.run(box, argv, self._build_limits(), env={"PATH": path, **dict(tc.env)})
+        env = {"PATH": f"{os.path.dirname(tc.compiler)}:/usr/local/bin:/usr/bin:/bin",
+               **dict(tc.env)}
+        headers, uses, bind = self._headers(tc, env), [], None
+        if headers is not None and os.path.isdir(headers):  # bwrap: bound read-only at /prog
+            bind = Path(headers) if self.sandbox.mode == "bwrap" else None
+            uses = pch.build_args(PROGRAM if bind is not None else headers)
+        argv = [tc.compiler, *tc.flags, *uses, "-o", "prog", _SOURCE[tc.language]]
+        r = self.sandbox.run(box, argv, self._build_limits(), env=env, program_dir=bind)
         if r.ok:
             return None
         log_text = (r.stderr or r.stdout).decode(errors="replace").strip()
         return log_text or f"the compiler failed: {r.describe()}"
+
+    def _headers(self, tc: Toolchain, env: dict[str, str]) -> str | None:
+        """The directory of precompiled headers for C++ builds with `tc` (pch.py: GCC on Linux,
+        bwrap or process mode), found or built at the first build; None: builds go without."""
+        if (tc.language != "cpp" or tc.compiler is None or not self.cfg.cpp_pch
+                or self.sandbox.mode not in ("bwrap", "process")):
+            return None
+        with self._pch_lock:  # the pool's first builds wait for it rather than go without
+            if tc.compiler not in self._pch:
+                world = self.sandbox.root and self.sandbox.mode == "process"  # another uid reads
+                build_env = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **env}  # as the sandbox's
+                self._pch[tc.compiler] = pch.prepare(tc.compiler, tc.flags, build_env,
+                                                     world=world)
+            return self._pch[tc.compiler]
 
     # HumanEval: check(candidate) in its own sandbox ------------------------------------------
 
