@@ -376,6 +376,8 @@ def _serve_runs(spec, status):
         pass
     _signal.signal(_SIGTERM, _signal.SIG_IGN)
     _sweep(spec)
+    if portable:  # a run's process may have joined our group (same session): it ends with us
+        _try(os.killpg, 0, _SIGKILL)
     os._exit(0)
 
 

@@ -9,6 +9,10 @@ address space, files, processes: rlimits are per process), in its own process gr
 sandbox uid, with nothing else open. When it ends, or at the wall limit, the launcher kills every
 process the run left, empties the working directories, and only then answers with the exit
 status; the output is read from our own files and compared by trusted code (the exec reward).
+Every mode does this (one sandbox start per completion). Linux with pidfds waits on a pidfd per
+run; seatbelt, and any platform without pidfds, takes the launcher's portable path (a stream
+socket, a SIGCHLD wakeup pipe, the run's process group killed until empty: launcher.py
+`_serve_runs`), which tests/test_sandbox_runs.py also runs here, in process mode.
 
 Why nothing of one test reaches the next one's input, output or verdict, per mode:
 - input and output: each run's three files are made here for it alone and exist nowhere by
@@ -21,7 +25,8 @@ Why nothing of one test reaches the next one's input, output or verdict, per mod
   cannot reach outside), until none is left. process mode: as root, every process of the
   sandbox uid (a helper with that uid signals -1), else every descendant (the launcher is a
   child subreaper: a double-forked, `setsid` daemon is still its descendant). A daemon could
-  otherwise write into the next run's stdout through /proc.
+  otherwise write into the next run's stdout through /proc. The portable path on Linux keeps
+  all of this (subreaper, uid, pid namespace) and kills the run's process group first.
 - files: the program and its source live outside the box, read-only (bwrap: bound read-only
   at /prog; as root: owned by root, readable only through the run's own group, so no other
   run reads another completion's program); between runs the launcher empties the box (each run's
@@ -32,10 +37,27 @@ Why nothing of one test reaches the next one's input, output or verdict, per mod
 - a run that takes the sandbox down with it (the memory watchdog, or a program that kills its
   launcher: with bwrap as non-root they share a uid) is that test's failure; the remaining
   tests run in a fresh sandbox, so the tests that run are the ones that ran one sandbox each.
-- seatbelt, and any platform without /proc and pidfds: macOS has no subreaper and no pid
-  namespace, so a daemon that leaves its process group cannot be found; there each test keeps
-  a sandbox of its own (as before), and between tests the box is emptied here and the program
-  written into it again (the profile lets a run read the box, not another directory).
+- seatbelt (macOS): what the launcher can find of a run is its process group (no subreaper,
+  no pid namespace, no /proc, and the profile denies `ps` and `kern.proc` sysctls); it kills
+  that group until it is empty before it answers, and at the session's end its own group (a
+  run's process may join it: same session). A process that leaves the group (`setpgid`,
+  `setsid`) is not found: it outlives its test and the completion, as it did with a sandbox
+  per test. What it can do to later tests: write into the box (emptied by the launcher after
+  each run, but it may write again during the next), use CPU, and, being in the same sandbox
+  now, signal the later runs and the launcher (`signal (target same-sandbox)`): a later test
+  can fail, or the rest run in a fresh sandbox. What it cannot reach: a later test's stdin,
+  stdout or stderr (unnamed files made per run and held only by that run and the launcher;
+  macOS has no /proc to reopen them; what it may hold are the files of the run it came from,
+  so at most it adds to that test's own output) and a later test's exit status (the
+  launcher's waitpid); the expected output never enters the sandbox. The program lives in
+  the program directory (the profile's PROG: read and run, never written), so it cannot be
+  patched for the next test. The process limit (RLIMIT_NPROC counts every process of the
+  user) is set from the count taken when the session started. Not verified without a Mac:
+  that the profile lets the launcher receive fds over its socket (if the first run of a
+  session fails as our failure but passes in a sandbox of its own, this process goes back to
+  a sandbox per test, with one warning), and that a same-uid process in the sandbox cannot
+  get another's task port (`task_for_pid`: macOS refuses it to processes without the
+  debugger entitlement).
 
 Not covered: process mode as non-root (the program has our uid: it can write anything we can,
 /tmp included, so a later test may read what an earlier one left outside the box: documented
@@ -193,9 +215,9 @@ def _mode(name: str) -> int:
 def _one_sandbox_each(sb: Sandbox, box: Box, name: str, program: bytes, stdins: Sequence[bytes],
                       limits: Limits, python_file: bool, audit: dict | None = None
                       ) -> Iterator[RunResult]:
-    """A sandbox per run (seatbelt): before each, the box emptied and the program written
-    again (a run may have changed it: the box is writable, and a profile that reads only the
-    box and the toolchains reads no other directory)."""
+    """A sandbox per run (where the portable path failed to start: `_refused`): before each,
+    the box emptied and the program written again (a run may have changed it: the box is
+    writable)."""
     for data in stdins:
         empty(box.host)
         inside = box.write(name, program, _mode(name))
@@ -292,8 +314,8 @@ class Session:
 
     def _send(self, files: list) -> None:
         """The request: "T" with the run's three fds."""
-        self.sock.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                    b"".join(f.fileno().to_bytes(4, sys.byteorder) for f in files))])
+        fds = b"".join(f.fileno().to_bytes(4, sys.byteorder) for f in files)
+        self.sock.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
 
     def _answer(self, deadline: float) -> bytes | None:
         """The launcher's answer line; b"" when it is gone, None past `deadline` (monotonic).
