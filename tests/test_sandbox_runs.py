@@ -46,8 +46,10 @@ def sb(request: pytest.FixtureRequest) -> Sandbox:
 def run(sb: Sandbox, code: str, stdins: list[str], limits: Limits = FAST) -> list[RunResult]:
     with sb.box() as box:
         box.write("main.py", code)
-        return list(run_each(sb, box, "main.py", [s.encode() for s in stdins], limits,
-                             python_file=True))
+        out = list(run_each(sb, box, "main.py", [s.encode() for s in stdins], limits,
+                            python_file=True))
+    assert not runs_mod._REFUSED  # no attack makes the portable path give up (runs._refused)
+    return out
 
 
 def test_one_sandbox_serves_every_test_as_a_fresh_process(
