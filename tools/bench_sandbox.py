@@ -10,7 +10,7 @@ For each sandbox mode that works here:
 With `--before REV` (a git revision of this repository; `--after REV2` for another than this
 working tree) instead: completions per second, one
 worker (so the seconds per completion are its latency), for a 20-test stdin/stdout task in
-Python and in C++, HumanEval tasks and the synthetic suite's function-call tasks, every
+Python and in C++ (`#include <iostream>`, and `<bits/stdc++.h>`), HumanEval tasks and the synthetic suite's function-call tasks, every
 completion distinct (no answer is served twice); REV and this tree measured alternately in
 fresh processes (`--repeat` rounds, best of each), and the verdicts compared. Also there:
 - `--verdicts`: every shipped suite task's reference solution and a broken answer, and
@@ -97,10 +97,12 @@ def batch_seconds(mode: str, workers: int, batch: tuple[list[Task], list[str]]) 
 STDIO_PY = "# variant {i}\na, b = map(int, input().split())\nprint(a + b)\n"
 STDIO_CPP = ("// variant {i}\n#include <iostream>\n"
              "int main(){{long long a,b; std::cin>>a>>b; std::cout<<a+b<<'\\n';}}\n")
+STDIO_CPP_BITS = STDIO_CPP.replace("<iostream>", "<bits/stdc++.h>")  # competitive programming's
 UID_BASE = 64600  # as root: uids no test or trainer running beside us uses (they kill by uid)
 WORKLOADS = {  # name -> (language, completions per measurement)
     "20-test stdin/stdout, Python": ("python", 12),
     "20-test stdin/stdout, C++": ("cpp", 6),
+    "20-test stdin/stdout, C++ bits/stdc++.h": ("cpp", 6),
     "HumanEval": ("python", 16),
     "function calls": ("python", 16),
 }
@@ -110,8 +112,8 @@ def workload(name: str, n: int, offset: int) -> tuple[list[Task], list[str]]:
     """`n` distinct completions (variant numbers from `offset`) of the workload's tasks."""
     if name.startswith("20-test"):
         tests = tuple({"stdin": f"{k} {k * k}\n", "stdout": f"{k + k * k}\n"} for k in range(20))
-        lang = "cpp" if name.endswith("C++") else "python"
-        code = STDIO_CPP if lang == "cpp" else STDIO_PY
+        lang = "cpp" if "C++" in name else "python"
+        code = {"python": STDIO_PY, "cpp": STDIO_CPP_BITS if "bits" in name else STDIO_CPP}[lang]
         task = Task(id=f"sum-{lang}", prompt="Print a + b.", language=lang, tests=tests)
         return [task] * n, [code.format(i=offset + i) for i in range(n)]
     tasks, sols = humaneval_batch(164) if name == "HumanEval" else synthetic_batch(1000)
