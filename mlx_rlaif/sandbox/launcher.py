@@ -514,11 +514,11 @@ def _sweep(spec):
     """Kill every process the last run left, and reap them: in bwrap's pid namespace all of
     them but us (kill -1 there reaches nothing outside); as root every process of the sandbox
     uid; else every descendant. We are a child subreaper and every process of a run descends
-    from it, so when no child of ours is left, nothing of the run is. Portable path: no
-    subreaper to rely on (macOS), so the run's process group is always killed until it is
-    empty (`_kill_group`), then every descendant that can be seen."""
+    from it, so when no child of ours is left, nothing of the run is (Linux, both paths).
+    Portable path: the run's process group is killed until it is empty (`_kill_group`), then
+    every descendant that can be seen; without a subreaper (macOS) always."""
     portable = spec["runs"].get("portable")
-    if not portable and not _reap():
+    if (not portable or sys.platform.startswith("linux")) and not _reap():
         _RUN.clear()
         return
     if spec["runs"]["pidns"]:
