@@ -223,6 +223,19 @@ def test_the_sandboxed_compiler_uses_them(rewards, mode: str,
     assert f"x {inside}/bits/stdc++.h.gch" in r.details["build_log"].splitlines()  # not valid
 
 
+@pytest.mark.parametrize("mode", ["process", "bwrap"])
+def test_a_build_failing_over_a_pch_runs_again_without(rewards, mode: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    on = rewards(mode)
+    headers_of(on)
+    assert pch.blamed(b"cc1plus: fatal error: had to relocate PCH\n")  # GCC < 12, at random
+    assert not pch.blamed(b"! /prog/iostream.gch\nx.cpp:1:1: error: 'y' was not declared\n")
+    # stand-in for such a failure: an error that names a .gch, from options of ours
+    monkeypatch.setattr(pch, "build_args", lambda d: ["-isystem", d, "-include", "/no/x.gch"])
+    r = on.score_one(TASK, "#include <iostream>\n" + BODY)
+    assert r.value == 1.0, r.reason
+
+
 HOSTILE = r"""
 #include <iostream>
 #include <string>

@@ -20,7 +20,9 @@ build sees the same declarations either way. The copy is needed: GCC remembers w
 `<iostream>`) opens that path again and fails when no header is there ("No such file or
 directory"). A symlink would not do: in a system directory GCC replaces a symlinked header's path
 with its target's when that is shorter (-fcanonical-system-headers) and then looks for the .gch
-beside the target.
+beside the target. A build that fails with an error naming a precompiled header (`blamed`: GCC
+before 12 stops with "had to relocate PCH" where it cannot map one at its address) is run again
+without them.
 
 The cache: `$XDG_CACHE_HOME/mlx-rlaif/pch` (default `~/.cache/mlx-rlaif/pch`). An entry is keyed
 by the compiler's real path, its identity (size, mtime, inode of the driver and of cc1plus), its
@@ -111,6 +113,14 @@ def prepare(compiler: str, flags: Sequence[str], env: Mapping[str, str], *,
 def build_args(include_dir: str) -> list[str]:
     """The compiler options that make a build use the precompiled headers in `include_dir`."""
     return ["-isystem", include_dir]
+
+
+def blamed(build_log: bytes) -> bool:
+    """Whether a failed build's log has an error naming a precompiled header (GCC before 12:
+    "fatal error: had to relocate PCH"): the build then runs again without them, so that a
+    file of ours is never why a program does not build. (`-H`'s `! x.gch` lines are no error.)"""
+    return any(b"error" in ln and (b".gch" in ln or b"PCH" in ln)
+               for ln in build_log.splitlines())
 
 
 def _prepare(compiler: str, flags: list[str], env: dict[str, str], world: bool) -> str | None:

@@ -346,6 +346,9 @@ class ExecReward:
             uses = pch.build_args(PROGRAM if bind is not None else headers)
         argv = [tc.compiler, *tc.flags, *uses, "-o", "prog", _SOURCE[tc.language]]
         r = self.sandbox.run(box, argv, self._build_limits(), env=env, program_dir=bind)
+        if not r.ok and uses and pch.blamed(r.stderr):  # e.g. GCC < 12's "had to relocate
+            argv = [tc.compiler, *tc.flags, "-o", "prog", _SOURCE[tc.language]]  # PCH": without
+            r = self.sandbox.run(box, argv, self._build_limits(), env=env)
         if r.ok:
             return None
         log_text = (r.stderr or r.stdout).decode(errors="replace").strip()
