@@ -381,10 +381,13 @@ def test_two_trainers_building_at_once_share_one_entry(tmp_path: Path) -> None:
     base = tmp_path / "pch"
     argv = [sys.executable, "-c", CONCURRENT, str(base), str(_gcc())]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
-             for _ in range(2)]
-    outs = [p.communicate(timeout=300)[0].strip() for p in procs]
-    # the same entry: the second waited for the first one's build and took it
-    assert outs[0] == outs[1] and outs[0].endswith("/include"), outs
-    entries = [p for p in base.iterdir() if p.is_dir() and not p.is_symlink()]
-    assert len(entries) == 1, entries
+    try:
+        procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+                 for _ in range(2)]
+        outs = [p.communicate(timeout=300)[0].strip() for p in procs]
+        # the same entry: the second waited for the first one's build and took it
+        assert outs[0] == outs[1] and outs[0].endswith("/include"), outs
+        entries = [p for p in base.iterdir() if p.is_dir() and not p.is_symlink()]
+        assert len(entries) == 1, entries
+    finally:
+        shutil.rmtree(base, ignore_errors=True)  # 125 MB: not left to pytest's kept tmp dirs
