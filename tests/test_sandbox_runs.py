@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import sys
 import tempfile
 import time
@@ -380,3 +381,24 @@ def test_portable_wait_wakes_at_the_end_and_kills_at_the_deadline(sigchld: int) 
     assert verdict == "T" and os.WIFSIGNALED(st) and time.monotonic() - t0 < 1.5
     time.sleep(0.05)
     assert_gone(token)  # the deadline killed the whole group
+
+
+@pytest.mark.parametrize("what", ["vanished", "link"])
+def test_the_launchers_rmtree_never_changes_the_directory_holding_the_tree(
+        tmp_path: Path, what: str) -> None:
+    """Emptying /tmp in process mode as root (launcher._wipe) removes a run's directory with
+    launcher._rmtree. Its error handler made the directory holding the failed path 0700: where
+    that path itself failed (gone by then, or a link by then) it made the host's /tmp 0700, and
+    every later run of every user failed. It may open up only what lies inside the tree."""
+    from mlx_rlaif.sandbox import launcher
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    target = shared / what
+    if what == "link":
+        target.symlink_to(tmp_path)
+    outside = tmp_path.stat().st_mode
+    launcher._rmtree(str(target))
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert tmp_path.stat().st_mode == outside  # a link's target is never touched

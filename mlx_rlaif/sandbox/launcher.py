@@ -606,8 +606,10 @@ def _rmtree(path):
 
     def fix(func, p, _exc):  # a run may leave directories without write permission
         try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if not os.path.islink(p):
+            parent = os.path.dirname(p)
+            if parent.startswith(path.rstrip("/") + "/") or parent == path:
+                os.chmod(parent, 0o700)  # never what holds the tree (/tmp, in process mode)
+            if (p == path or p.startswith(path.rstrip("/") + "/")) and not os.path.islink(p):
                 os.chmod(p, 0o700)
             if func in (os.rmdir, os.unlink, os.remove):  # not os.open/scandir: more arguments
                 func(p)
