@@ -17,10 +17,12 @@ fresh processes (`--repeat` rounds, best of each), and the verdicts compared. Al
   HumanEval's 164 canonical solutions and two broken answers to every fourth, scored by both
   trees: the number of rewards that differ (value, or any test's pass/fail);
 - `--quickstart STEPS`: the shipped quickstart for STEPS steps (no held-out evaluation) with
-  each tree, alternately: time/score over time/step from its metrics (steps after the first).
+  each tree, alternately: time/score over time/step from its metrics (steps after the first);
+  `--quickstart-set KEY=VALUE` adds this tree's quickstart with that setting as a third row.
 
 Usage: python tools/bench_sandbox.py [--modes process bwrap] [--runs 200] [--workers 2]
-           [--repeat 3] [--before REV [--after REV2] [--verdicts] [--quickstart STEPS]]
+           [--repeat 3] [--before REV [--after REV2] [--verdicts] [--quickstart STEPS
+           [--quickstart-set KEY=VALUE ...]]]
 Prints markdown tables and the load average: on a shared machine the figures depend on what
 else runs, which is why the trees alternate.
 """
@@ -201,7 +203,7 @@ def child_verdicts(mode: str) -> dict:
             "ids": [t.id for t in tasks]}
 
 
-def child_quickstart(steps: int, out_dir: str) -> dict:
+def child_quickstart(steps: int, out_dir: str, sets: list[str] | tuple = ()) -> dict:
     """`mlx-rlaif train` as its CLI runs it (the train command's own parser: a revision whose
     CLI lists a command it lacks still runs), fast BLAS re-exec included."""
     from mlx_rlaif.commands import train
@@ -213,7 +215,8 @@ def child_quickstart(steps: int, out_dir: str) -> dict:
     train.add_arguments(parser)
     args = parser.parse_args(["--output-dir", out_dir, "--no-dashboard",
                               "--set", f"training.max_steps={steps}", "--set", "data.eval_file=",
-                              "--set", f"reward.exec.uid_base={UID_BASE}"])
+                              "--set", f"reward.exec.uid_base={UID_BASE}",
+                              *(x for kv in sets for x in ("--set", kv))])
     if hasattr(train, "check"):
         train.check(args)
     train.run(args)
@@ -230,7 +233,7 @@ def child(job: dict) -> dict:
         return child_throughput(job["mode"], job["name"])
     if job["kind"] == "verdicts":
         return child_verdicts(job["mode"])
-    return child_quickstart(job["steps"], job["out"])
+    return child_quickstart(job["steps"], job["out"], job.get("sets", ()))
 
 
 def before_after(args: argparse.Namespace) -> int:
@@ -262,11 +265,15 @@ def before_after(args: argparse.Namespace) -> int:
                       + "; ".join(f"{got['after']['ids'][i]}: before {got['before']['verdicts'][i]}"
                                   f", after {got['after']['verdicts'][i]}" for i in diff[:5]))
         if args.quickstart:
-            shares: dict[str, list[dict]] = {k: [] for k in trees}
+            runs = [(k, t, []) for k, t in trees.items()]
+            if args.quickstart_set:  # the after tree again, with these settings
+                runs.append((f"after, {' '.join(args.quickstart_set)}", trees["after"],
+                             args.quickstart_set))
+            shares: dict[str, list[dict]] = {k: [] for k, _, _ in runs}
             for i in range(args.repeat):
-                for k, t in trees.items():
-                    job = {"kind": "quickstart", "steps": args.quickstart,
-                           "out": f"{tmp}/qs-{k}-{i}"}
+                for j, (k, t, sets) in enumerate(runs):
+                    job = {"kind": "quickstart", "steps": args.quickstart, "sets": sets,
+                           "out": f"{tmp}/qs-{j}-{i}"}
                     shares[k].append(run_child(t, job))
             print("\n| quickstart | time/score / time/step (each round) | step s | score s | "
                   "served |")
@@ -294,6 +301,9 @@ def main() -> int:
     ap.add_argument("--verdicts", action="store_true", help="with --before: compare verdicts")
     ap.add_argument("--quickstart", type=int, default=0, metavar="STEPS",
                     help="with --before: the quickstart's scoring share over STEPS steps")
+    ap.add_argument("--quickstart-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --quickstart: also run this tree's quickstart with these "
+                    "settings (e.g. reward.exec.workers=2), alternating with the others")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

@@ -354,9 +354,9 @@ class ExecConfig:
                                  _pos)
     build_memory_mb: int = opt(4096, "Address-space limit per compiler process (and the "
                                "resident limit of a whole build).", _pos)
-    workers: int = opt(0, "Completions scored in parallel (0: in train the cores decoding "
-                       "leaves free, a group being scored while the next decodes; elsewhere "
-                       "every core).", _nonneg)
+    workers: int = opt(0, "Completions scored in parallel (0: every core; in train, while a "
+                       "group is scored as the next one decodes, the cores decoding leaves "
+                       "free).", _nonneg)
     cache_size: int = opt(4096, "Answers whose results are kept across steps: a completion "
                           "whose task and extracted code (trailing whitespace aside) were "
                           "scored before gets that result without running (reward/exec_served_frac). "

@@ -12,37 +12,43 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import Config, RewardComponent, RewardConfig, reward_components
 from .base import RewardFn, SyntaxReward
 
+if TYPE_CHECKING:
+    from .exec.cores import Cores
+
 
 def build_reward(cfg: Config, output_dir: str | Path | None = None,
-                 languages: set[str] | None = None, fields: set[str] | None = None) -> RewardFn:
+                 languages: set[str] | None = None, fields: set[str] | None = None,
+                 cores: Cores | None = None) -> RewardFn:
     """`fields`: the keys of the tasks' records (a function's parameters are checked against
-    them; None: not checked)."""
+    them; None: not checked). `cores`: the exec reward's limit beside decoding (exec/cores.py;
+    None: every core, or reward.exec.workers)."""
     if cfg.reward.components or cfg.reward.functions:
-        return build_components(cfg, output_dir, languages, fields)
+        return build_components(cfg, output_dir, languages, fields, cores)
     kind = cfg.reward.type
     if kind == "syntax":
         return SyntaxReward()
     if kind == "exec":
-        return _exec(cfg, languages)
+        return _exec(cfg, languages, cores)
     if kind == "teacher":
         return _teacher(cfg, output_dir)
     from .mix import MixReward
 
     return MixReward(
-        [(_exec(cfg, languages), cfg.reward.exec_weight),
+        [(_exec(cfg, languages, cores), cfg.reward.exec_weight),
          (_teacher(cfg, output_dir), cfg.reward.teacher_weight)],
         window=cfg.reward.agreement_window,
     )
 
 
-def _exec(cfg: Config, languages: set[str] | None) -> RewardFn:
+def _exec(cfg: Config, languages: set[str] | None, cores: Cores | None = None) -> RewardFn:
     from .exec import ExecReward
 
-    return ExecReward(cfg.reward.exec, languages=languages)
+    return ExecReward(cfg.reward.exec, languages=languages, cores=cores)
 
 
 def _teacher(cfg: Config, output_dir: str | Path | None) -> RewardFn:
@@ -52,7 +58,7 @@ def _teacher(cfg: Config, output_dir: str | Path | None) -> RewardFn:
 
 
 def build_components(cfg: Config, output_dir: str | Path | None, languages: set[str] | None,
-                     fields: set[str] | None) -> RewardFn:
+                     fields: set[str] | None, cores: Cores | None = None) -> RewardFn:
     """The reward as its components (config.reward_components), each built and checked; what
     was started is closed again when a later one fails."""
     from .custom.components import ComponentsReward
@@ -72,7 +78,7 @@ def build_components(cfg: Config, output_dir: str | Path | None, languages: set[
             elif c.kind == "server":
                 customs.append(_server(c))
             else:
-                fn = SyntaxReward() if c.kind == "syntax" else _exec(cfg, languages) \
+                fn = SyntaxReward() if c.kind == "syntax" else _exec(cfg, languages, cores) \
                     if c.kind == "exec" else _teacher(cfg, output_dir)
                 builtins.append((c.name, c.weight, fn))
     except BaseException:

@@ -137,21 +137,19 @@ class World:
         """The sampling seed of this rank: rank 0 keeps `seed`."""
         return (seed + self.rank * _SEED_STRIDE) % 2**31
 
-    def rank_config(self, cfg: Config, decode_threads: int = 1) -> Config:
+    def rank_config(self, cfg: Config) -> Config:
         """The config this rank's reward is built with: a teacher budget split evenly between
-        the ranks (the run stops for all when one rank's share is spent: `agreed` stops); and
-        where `reward.exec.workers` is 0 (auto), as many exec workers as the cores left to this
-        rank once decoding has its `decode_threads` (a group is scored while the next one
-        decodes): `scoring_workers`."""
-        reward = cfg.reward
-        if self.size > 1 and reward.teacher.max_cost_usd:
-            reward = replace(reward, teacher=replace(
-                reward.teacher, max_cost_usd=reward.teacher.max_cost_usd / self.size))
-        if reward.exec.workers == 0:
-            cores = max(1, (os.cpu_count() or 1) // self.local)
-            reward = replace(reward, exec=replace(
-                reward.exec, workers=scoring_workers(cores, decode_threads)))
-        return cfg if reward == cfg.reward else replace(cfg, reward=reward)
+        the ranks (the run stops for all when one rank's share is spent: `agreed` stops)."""
+        t = cfg.reward.teacher
+        if self.size == 1 or not t.max_cost_usd:
+            return cfg
+        teacher = replace(t, max_cost_usd=t.max_cost_usd / self.size)
+        return replace(cfg, reward=replace(cfg.reward, teacher=teacher))
+
+    @property
+    def cores(self) -> int:
+        """This rank's share of the machine's cores (`local` ranks share it)."""
+        return max(1, (os.cpu_count() or 1) // self.local)
 
     # --- collectives ------------------------------------------------------------------------------
 
@@ -378,12 +376,6 @@ def transport(engine: str, backend: str) -> str:
     import torch.distributed as dist
 
     return str(dist.get_backend())
-
-
-def scoring_workers(cores: int, decode_threads: int) -> int:
-    """Exec reward workers beside decoding: the cores decoding leaves free (`cores` this rank's
-    share of the machine, `decode_threads` the threads decoding keeps busy), at least 1."""
-    return max(1, cores - decode_threads)
 
 
 def share_cores(world: World) -> int:

@@ -43,6 +43,7 @@ class Run:
     carry: list = field(default_factory=list)  # dynamic sampling's groups for the next step
     curriculum: Any = None  # data.curriculum.Curriculum, with data.curriculum
     world: World = field(default_factory=World)  # the data-parallel ranks (distributed.py)
+    cores: Any = None  # rewards/exec/cores.Cores: the exec reward's limit beside decoding
 
     @property
     def sampling(self) -> SamplingParams:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -276,9 +277,11 @@ def sample_scored(run: Run, tasks: list[Task], seeded: bool = True
         rollouts, gen = sample_chunks(run, tasks, seeded)
         return rollouts, score(run, rollouts), gen
     pending: list[tuple[list[Rollout], Future[list[Reward]]]] = []
+    beside = run.cores.decoding() if run.cores is not None else nullcontext()
     with ThreadPoolExecutor(SCORERS, thread_name_prefix="score") as pool:
-        rollouts, gen = sample_chunks(
-            run, tasks, seeded, lambda group: pending.append((group, pool.submit(score, run, group))))
+        with beside:  # the sandboxes get the cores decoding leaves free (rewards/exec/cores.py)
+            rollouts, gen = sample_chunks(run, tasks, seeded, lambda group: pending.append(
+                (group, pool.submit(score, run, group))))
         by_id = {id(r): w for group, f in pending for r, w in zip(group, f.result(), strict=True)}
     return rollouts, [by_id[id(r)] for r in rollouts], gen
 

@@ -43,6 +43,7 @@ from ..errors import CheckpointError, ConfigError, DataError
 from ..records import Task
 from ..rewards.build import build_reward
 from ..rewards.custom.contract import record_fields
+from ..rewards.exec.cores import Cores
 from ..rewards.exec.tasks import check_formats
 from .carry import restore_carry
 from .distributed import World
@@ -60,9 +61,11 @@ log = logging.getLogger(__name__)
 EVAL_FILE = "eval.json"  # held-out evaluations of the run: {"before": {...}, "after": {...}}
 
 
-def prepare(cfg: Config, run_dir: Path, resume_from: Path | None, world: World | None = None):
+def prepare(cfg: Config, run_dir: Path, resume_from: Path | None, world: World | None = None,
+            cores: Cores | None = None):
     """All checks that can fail on user input, before anything is written. With several
-    ranks, the run directory is rank 0's, and each rank builds its own reward (`rank_config`)."""
+    ranks, the run directory is rank 0's, and each rank builds its own reward (`rank_config`).
+    `cores`: the exec reward's limit beside decoding (`scoring_cores`)."""
     from ..config import check, reward_components, smoke_eval_tasks
 
     world = world or World()
@@ -82,11 +85,18 @@ def prepare(cfg: Config, run_dir: Path, resume_from: Path | None, world: World |
     if trained == {"exec"}:  # with another trained component exec's None is left out of the sum
         check_formats(tasks + eval_tasks)
     langs = {t.language for t in tasks + eval_tasks}
-    cores = max(1, (os.cpu_count() or 1) // world.local)
-    reward_fn = build_reward(world.rank_config(cfg, decode_threads(cfg, cores)),
-                             None if world.rank else run_dir,
-                             languages=langs, fields=record_fields(tasks + eval_tasks))
+    reward_fn = build_reward(world.rank_config(cfg), None if world.rank else run_dir,
+                             languages=langs, fields=record_fields(tasks + eval_tasks),
+                             cores=cores)
     return tasks, eval_tasks, reward_fn
+
+
+def scoring_cores(cfg: Config, world: World) -> Cores | None:
+    """The exec reward's limit (rewards/exec/cores.py) where reward.exec.workers is 0: this
+    rank's cores, and while a group is scored beside decoding the ones decoding leaves free."""
+    if cfg.reward.exec.workers:
+        return None
+    return Cores(world.cores, decode_threads(cfg, world.cores))
 
 
 def decode_threads(cfg: Config, cores: int) -> int:
@@ -179,8 +189,9 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     world.set_timeout(cfg.distributed.timeout_s)
     run_dir = Path(cfg.training.output_dir)
     first_run = kernel_line(cfg)  # read before anything compiles
-    tasks, eval_tasks, reward_fn = world.agreed(lambda: prepare(cfg, run_dir, resume_from, world),
-                                                "check of the setup")
+    cores = scoring_cores(cfg, world)
+    tasks, eval_tasks, reward_fn = world.agreed(
+        lambda: prepare(cfg, run_dir, resume_from, world, cores), "check of the setup")
     try:  # the reward's worker processes and pools end with a model that does not load
         ops = OPS[cfg.model.backend]()
         policy = ops.load(cfg)
@@ -234,7 +245,7 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         if world.rank == 0:  # the user's config: the memory plan is made again on resume
             write_text_atomic(run_dir / "config.yaml", dump(user_cfg))
         run = Run(cfg, ops, policy, optimizer, reward_fn, run_dir, state,
-                  prompt_formatter(policy.tokenizer, cfg.model), world=world)
+                  prompt_formatter(policy.tokenizer, cfg.model), world=world, cores=cores)
         check_same_weights(world, policy)
         d = cfg.data
         if d.curriculum:

@@ -76,6 +76,7 @@ from ..signals import NAMES, penalize
 from . import harness as wire
 from . import pch
 from . import signals as hacks
+from .cores import Cores
 from .tasks import (
     Unscorable,
     instrument_check,
@@ -169,10 +170,16 @@ class ExecReward:
 
     name = "exec"
 
-    def __init__(self, cfg: ExecConfig, languages: set[str] | None = None):
+    def __init__(self, cfg: ExecConfig, languages: set[str] | None = None,
+                 cores: Cores | None = None):
+        """`cores` (cores.py): with `reward.exec.workers` 0, the pool's size and its limit while
+        decoding runs beside scoring (train); else `workers` (0: every core) at all times."""
         self.cfg = cfg
         check_penalty(cfg)
-        self.workers = cfg.workers or os.cpu_count() or 1
+        if cfg.workers or cores is None:
+            cores = Cores(cfg.workers or os.cpu_count() or 1)
+        self.cores = cores
+        self.workers = cores.total
         self.toolchains: dict[str, Toolchain] = {}
         self._missing: dict[str, str] = {}
         for lang in LANGUAGES if languages is None else sorted(languages):
@@ -263,6 +270,10 @@ class ExecReward:
     def score_one(self, task: Task, completion: str, stop: bool = False) -> Reward:
         """One completion's reward, run in the sandbox; `stop`: its tests end at the first
         failure (the rest reported as not run), where that failure already decides it."""
+        with self.cores.slot():
+            return self._scored(task, completion, stop)
+
+    def _scored(self, task: Task, completion: str, stop: bool) -> Reward:
         t0 = time.monotonic()
         try:
             reward = self._score(task, completion, stop)
