@@ -16,6 +16,8 @@ import sqlite3
 import struct
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -54,11 +56,32 @@ def wandb_records(path: Path) -> list:
     return out
 
 
+def finished_wandb_records(path: Path, timeout_s: float = 120.0) -> list:
+    """The records of a run file once W&B has written its last (`exit`) record.
+
+    `run.finish()` returns before W&B's service has written the run file out: it only tells
+    the service the run is over (`inform_finish`, fire and forget), and the service flushes and
+    closes the file after. A loaded machine read it half written (CI: no history records).
+    """
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            records = wandb_records(path)
+            if records and records[-1].WhichOneof("record_type") == "exit":
+                return records
+        except DecodeError:  # a record cut where the flush stopped
+            pass
+        assert time.monotonic() < deadline, f"{path} has no exit record after {timeout_s} s"
+        time.sleep(0.1)
+
+
 def wandb_history(run_dir: Path) -> tuple[dict[int, dict], dict]:
     """step -> {key: value} of the one offline W&B run under run_dir, and its config."""
     (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     rows, config = {}, {}
-    for rec in wandb_records(path):
+    for rec in finished_wandb_records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "history":
             row = {"/".join(i.nested_key) if i.nested_key else i.key: json.loads(i.value_json)
@@ -102,6 +125,31 @@ def test_wandb_offline_gets_tensorboards_keys_config_and_samples(offline, tmp_pa
     assert t["data"][0][:4] == [1, "train", "t1", 0.5] and t["data"][1][3] is None
     assert config["_project"] == "p52" and config["_name"] == "r1"
     assert config["rl"]["advantage"] == "grpo"  # make_hub's hparams: the default config
+
+
+def test_the_run_file_is_read_once_wandb_has_written_it_out(offline, tmp_path):
+    """Failing first (CI, stop 54): the reader saw a run file W&B's service had not yet flushed."""
+    pytest.importorskip("wandb")
+    hub = make_hub(tmp_path / "run", wandb=True)
+    run_two_epochs(hub)
+    hub.close()
+    (path,) = (tmp_path / "run").glob("wandb/offline-run-*/run-*.wandb")
+    whole = finished_wandb_records(path)
+    data = path.read_bytes()
+    late = tmp_path / "late" / "wandb" / "offline-run-x" / "run-x.wandb"
+    late.parent.mkdir(parents=True)
+    late.write_bytes(data[:len(data) // 3])  # the header and a record cut in two
+
+    def flush() -> None:
+        time.sleep(0.5)
+        with late.open("ab") as f:
+            f.write(data[len(data) // 3:])
+
+    writer = threading.Thread(target=flush)
+    writer.start()
+    rows, _ = wandb_history(tmp_path / "late")
+    writer.join()
+    assert sorted(rows) == [1, 2, 3, 4] and len(finished_wandb_records(late)) == len(whole)
 
 
 def test_trackio_local_store_gets_the_same(offline, tmp_path):
