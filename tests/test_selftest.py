@@ -93,3 +93,38 @@ def test_doctor_prints_the_table_and_fails_on_an_escape(mode: str) -> None:
         listed = out.split("ESCAPED: ", 1)[1]
         assert all(name in listed for name in escaped)
         assert "apt-get install bubblewrap" in out
+
+
+def test_the_tests_of_one_completion_are_tried_in_one_sandbox(
+        rows: tuple[str, list[selftest.Row]]) -> None:
+    """Each attack of one test on the next works as the trainer (the control) and is stopped
+    inside, where one sandbox serves the three tests (runs.py)."""
+    mode, found = rows
+    if mode == "process" and not ROOT_USER:
+        pytest.skip("process mode as non-root: what a run leaves outside the box is not covered")
+    by_name = {r.name: r for r in found}
+    assert by_name[selftest.ONE_START].verdict == "ok", selftest.table(found)
+    assert [(by_name[n].outside, by_name[n].verdict) for n in selftest.SESSION_ROWS] == [
+        ("works", "contained")] * 3, selftest.table(found)
+
+
+def test_the_session_rows_see_a_broken_guarantee_and_a_fallback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program the runs can write (mode 0666: as root in process mode the runs are another
+    user) is patched for the next test, and the row says so; the portable path's fallback reads
+    n.a. with why, its tests still contained (a sandbox per test)."""
+    if not ROOT_USER:
+        pytest.skip("as non-root in process mode the runs are us: the program is always ours")
+    from mlx_rlaif.sandbox import runs
+
+    sandbox = Sandbox("process", slots=2, uid_base=64310)
+    monkeypatch.setattr(runs, "_mode", lambda name: 0o666)
+    broken = {r.name: r for r in selftest.session_rows(sandbox)}
+    assert broken["a test patches the program of later tests"].verdict == "escaped"
+    monkeypatch.undo()
+    sandbox.portable_runs = True
+    monkeypatch.setattr(runs, "_REFUSED", ["the profile refused the fds"])
+    fallback = {r.name: r for r in selftest.session_rows(sandbox)}
+    assert fallback[selftest.ONE_START].verdict == "n.a."
+    assert "the profile refused the fds" in fallback[selftest.ONE_START].detail
+    assert [fallback[n].verdict for n in selftest.SESSION_ROWS] == ["contained"] * 3

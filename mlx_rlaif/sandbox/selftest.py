@@ -5,8 +5,10 @@ Each hostile probe is a small Python program that attacks something this (truste
 sets up: a TCP and a UDP port and a Unix socket it listens on, a canary file in the home
 directory, a directory outside the box (written directly, through a symlink, through a hard
 link), a process of the trainer's (signalled, its environment read through /proc or
-`kern.procargs2`), another run's box with a checker's task file; on macOS `open`, `osascript`,
-`launchctl submit`, `pbpaste`. It runs inside the sandbox, where it must be stopped, and, where
+`kern.procargs2`), another run's box with a checker's task file, the later tests of the same
+completion served by the same sandbox start (runs.py: the program patched, files left, a
+process left writing into their output); on macOS `open`, `osascript`, `launchctl submit`,
+`pbpaste`. It runs inside the sandbox, where it must be stopped, and, where
 that is harmless, outside as the trainer, where it must work: a probe that cannot work here
 anyway (no DNS server, say) proves nothing and reads "n.a.". Whether it worked is judged on
 the trusted side where it can be (bytes received, files written, a process killed, the canary
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -342,13 +345,127 @@ def needed_rows(sandbox: Sandbox) -> Iterator[Row]:
         yield _must(name, r.ok and r.stdout.strip() == b"OK", r.describe())
 
 
+SESSION = """import os, sys, tempfile, time
+n = int(input())
+places = [os.path.join(d, {token!r}) for d in ('.', os.path.expanduser('~'), tempfile.gettempdir())]
+if n == 0:
+    wrote = 0
+    for p in places:
+        try:
+            with open(p, 'w') as f:
+                f.write('left')
+            wrote += 1
+        except OSError:
+            pass
+    try:
+        with open(sys.argv[0], 'a') as f:
+            f.write('\\nprint("PATCHED")\\n')
+    except OSError:
+        pass
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:  # the later tests' stdout: processes in this directory
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            here, end = os.getcwd(), time.time() + 3
+            while time.time() < end:
+                for p in os.listdir('/proc') if os.path.isdir('/proc') else []:
+                    try:
+                        if int(p) == os.getpid() or os.readlink(f'/proc/{{p}}/cwd') != here:
+                            continue
+                        fd = os.open(f'/proc/{{p}}/fd/1', os.O_WRONLY | os.O_APPEND)
+                        os.write(fd, b'FORGED\\n')
+                        os.close(fd)
+                    except (OSError, ValueError):
+                        pass
+                time.sleep(0.01)
+        os._exit(0)
+    print('wrote', wrote)
+else:
+    time.sleep(0.5)
+    print('test', n, 'sees', len([p for p in places if os.path.exists(p)]))
+"""
+SESSION_LIMITS = Limits(timeout_s=20.0, cpu_s=10, memory_mb=512, processes=32)
+SESSION_ROWS = ("a test patches the program of later tests", "a test leaves files for later tests",
+                "a test's process writes into later tests' output")
+ONE_START = "the tests of a completion in one sandbox"
+
+
+def session_rows(sandbox: Sandbox) -> Iterator[Row]:
+    """The tests of one completion in one sandbox start (runs.py), as a run scores them: test 0
+    attacks the tests after it (patches the program; leaves files in its directory, HOME and
+    the temporary directory; leaves a `setsid` process writing into every later test's output
+    it can reach), tests 1 and 2 report what they see. The control runs the three as the
+    trainer, one after the other in one scratch directory (HOME and TMPDIR there too), where
+    each attack must work. On macOS this checks the portable path under the seatbelt profile,
+    which no test here can run."""
+    from . import runs
+
+    code = SESSION.format(token=f"mlx-rlaif-left-{secrets.token_hex(6)}")
+    try:
+        with sandbox.box() as box:
+            box.write("main.py", code)
+            inside = [r.stdout for r in runs.run_each(
+                sandbox, box, "main.py", [b"0", b"1", b"2"], SESSION_LIMITS, python_file=True)]
+    except SandboxError as e:
+        yield _must(ONE_START, False, str(e))
+        return
+    if runs.reuses_sandbox(sandbox):
+        reports = [inside[0].startswith(b"wrote "),
+                   *(re.search(rb"^test %d sees \d" % n, o, re.M) for n, o in enumerate(inside)
+                     if n)]
+        yield _must(ONE_START, all(reports), " | ".join(
+            o[:60].decode(errors="replace").strip() for o in inside))
+    else:  # the portable path failed to start: a sandbox per test (slower, the same isolation)
+        yield Row(ONE_START, "fails", "", "n.a.",
+                  f"a sandbox per test instead: {runs._REFUSED[-1]}"[:200])
+    outside = _session_outside(sandbox.python, code)
+    for name, hit in zip(SESSION_ROWS, (_patched, _left, _forged), strict=True):
+        worked, control = hit(inside), hit(outside)
+        said = " | ".join(o.decode(errors="replace").strip()[:60] for o in inside[1:])
+        yield Row(name, "REACHED" if worked else "stopped", "works" if control else "fails",
+                  "escaped" if worked else "contained" if control else "n.a.",
+                  said if worked else "")
+
+
+def _session_outside(python: str, code: str) -> list[bytes]:
+    """The control: the three tests as the trainer, in one scratch directory."""
+    with tempfile.TemporaryDirectory(prefix="mlx-rlaif-doctor-") as cwd:
+        path = Path(cwd) / "main.py"
+        path.write_text(code)
+        out = []
+        for n in (b"0", b"1", b"2"):
+            try:
+                r = subprocess.run([python, "-I", "-S", str(path)], cwd=cwd, input=n,
+                                   capture_output=True, timeout=30,
+                                   env={"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd})
+            except (OSError, subprocess.TimeoutExpired):
+                return [b"", b"", b""]
+            out.append(r.stdout)
+        return out
+
+
+def _patched(out: list[bytes]) -> bool:
+    return any(b"PATCHED" in o for o in out[1:])
+
+
+def _left(out: list[bytes]) -> bool:
+    return any(re.search(rb"^test \d sees [1-9]", o, re.M) for o in out[1:])
+
+
+def _forged(out: list[bytes]) -> bool:
+    return any(b"FORGED" in o for o in out[1:])
+
+
 def _must(name: str, ok: bool, how: str) -> Row:
     return Row(name, "works" if ok else "fails", "", "ok" if ok else "FAILED", how)
 
 
 def self_test(sandbox: Sandbox) -> list[Row]:
-    """Every row: what must work, then each hostile probe."""
-    return [*needed_rows(sandbox), *probe_rows(sandbox)]
+    """Every row: what must work, the tests of one completion in one sandbox, then each hostile
+    probe."""
+    return [*needed_rows(sandbox), *session_rows(sandbox), *probe_rows(sandbox)]
 
 
 def table(rows: list[Row]) -> str:
