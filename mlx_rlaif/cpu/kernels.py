@@ -260,10 +260,13 @@ def _arch_modules(model: nn.Module) -> list[ModuleType]:
 
 @contextlib.contextmanager
 def fast_cpu_kernels(model: nn.Module) -> Iterator[None]:
-    """Within the block, `model`'s architecture modules use this module's kernels (CPU only)."""
+    """Within the block, `model`'s architecture modules use this module's kernels, and its
+    quantized layers BLAS's products (`quantized.dequantized_matmuls`) (CPU only)."""
     if not active():
         yield
         return
+    from .quantized import dequantized_matmuls  # it builds on `_after`, here
+
     swaps = _swaps()
     swapped = [(mod, name, old) for mod in _arch_modules(model)
                for name, old in vars(mod).copy().items()
@@ -272,7 +275,8 @@ def fast_cpu_kernels(model: nn.Module) -> Iterator[None]:
     for mod, name, old in swapped:
         setattr(mod, name, new[id(old)])
     try:
-        yield
+        with dequantized_matmuls(model):
+            yield
     finally:
         for mod, name, old in swapped:
             setattr(mod, name, old)
