@@ -51,6 +51,7 @@ import mlx.nn as nn
 
 from . import active
 from .blas import blas_threads
+from .quantized import dequantized_matmuls
 
 LOG2E = 1.4426950408889634
 _MASKED = -1e30  # not -inf: a row with every key masked stays finite (uniform), as a pad row
@@ -265,8 +266,6 @@ def fast_cpu_kernels(model: nn.Module) -> Iterator[None]:
     if not active():
         yield
         return
-    from .quantized import dequantized_matmuls  # it builds on `_after`, here
-
     swaps = _swaps()
     swapped = [(mod, name, old) for mod in _arch_modules(model)
                for name, old in vars(mod).copy().items()

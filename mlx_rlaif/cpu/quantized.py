@@ -7,7 +7,8 @@ makes, for the duration of a `with` block, the model's affine-quantized linear l
 (`nn.QuantizedLinear`, and `nn.QuantizedEmbedding.as_linear`, a tied output head) compute
 `x @ dequantize(W).T`: the dequantization is one pass over the packed weight, the product is
 BLAS's. The backward pass dequantizes again instead of keeping the float weight from the forward
-(`_after`, as kernels.py does under `mx.compile`), so a step holds a few layers' float weights at
+(made to depend on the cotangent, as kernels.py's `_after` does, or `mx.compile` would merge the
+two), so a step holds a few layers' float weights at
 a time whatever the depth, not the model's; and a weight whose float copy would exceed
 `MAX_FLOAT_BYTES` is dequantized a block of rows at a time (a large vocabulary's head: 0.5B's
 tied head in float32 would be 545 MB at once, a spike the memory plan does not count). Values
@@ -30,7 +31,6 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import active
-from .kernels import _after
 
 MAX_FLOAT_BYTES = 64 << 20  # the float copy of a weight (or a block of its rows) made at once
 
@@ -38,14 +38,15 @@ MAX_FLOAT_BYTES = 64 << 20  # the float copy of a weight (or a block of its rows
 @functools.cache
 def _product(group_size: int, bits: int, block: int):  # noqa: ANN202 (an mx.custom_function)
     """x @ dequantize(w, scales, biases).T for one quantization's parameters, `block` output
-    rows of the weight dequantized at a time; its backward dequantizes again (after the
-    cotangent exists: `_after`)."""
+    rows of the weight dequantized at a time; its backward dequantizes again, once the
+    cotangent exists."""
 
     def weight(w: mx.array, scales: mx.array, biases: mx.array, i: int,
                after: mx.array) -> mx.array:
         """Rows i to i + block in float, dequantized once `after` is computed: MLX would
-        otherwise dequantize every block before the first product, and hold them all."""
-        rows = _after([w[i:i + block], scales[i:i + block], biases[i:i + block]], after)
+        otherwise dequantize every block before the first product and hold them all, or (under
+        `mx.compile`) reuse the forward's in the backward."""
+        rows = mx.depends([w[i:i + block], scales[i:i + block], biases[i:i + block]], [after])
         return mx.dequantize(*rows, group_size=group_size, bits=bits)
 
     @mx.custom_function
