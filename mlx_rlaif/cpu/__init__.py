@@ -5,7 +5,7 @@ RL steps several times faster (BENCHMARKS.md): an optimized BLAS preloaded into 
 (`blas.py`: the preload, and OpenBLAS's thread count per phase), element-wise kernels written
 for the CPU (`kernels.py`: attention softmax, SwiGLU, decoding RoPE, the sampler's and the loss's
 exponentials), and quantized layers multiplying through that BLAS (`quantized.py`: a 4-bit run
-3.4x faster). The backends ask `active()` before using any of them; every call site goes through
+3.3x faster). The backends ask `active()` before using any of them; every call site goes through
 it, so a user on a GPU, or one who sets MLX_RLAIF_CPU_KERNELS=0, runs mlx-lm's own code.
 
 The preload itself (`blas.maybe_reexec_with_fast_blas`) happens before MLX is imported and has its

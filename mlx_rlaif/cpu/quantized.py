@@ -1,15 +1,15 @@
 """4-bit (and 8-bit) layers on MLX's CPU build at the speed of the optimized BLAS.
 
 MLX's CPU `quantized_matmul` is a kernel of its own, not a BLAS call: with OpenBLAS preloaded
-(`blas.py`) a QLoRA run (`model.quantize: 4`) decoded and trained about 7x slower than the same
-model in float32 here (tests/test_qlora.py's run: 207 s against 33 s). `dequantized_matmuls(model)`
+(`blas.py`) a QLoRA run (`model.quantize: 4`) decoded and trained about 6x slower than the same
+model in float32 here (tests/test_qlora.py's run: 214.6 s against 35.7 s, 65.9 s with this;
+`tools/bench_qlora_cpu.py`, BENCHMARKS.md). `dequantized_matmuls(model)`
 makes, for the duration of a `with` block, the model's affine-quantized linear layers
 (`nn.QuantizedLinear`, and `nn.QuantizedEmbedding.as_linear`, a tied output head) compute
 `x @ dequantize(W).T`: the dequantization is one pass over the packed weight, the product is
 BLAS's. The backward pass dequantizes again instead of keeping the float weight from the forward
 (made to depend on the cotangent, as kernels.py's `_after` does, or `mx.compile` would merge the
-two), so a step holds a few layers' float weights at
-a time whatever the depth, not the model's; and a weight whose float copy would exceed
+two), so a step holds a few layers' float weights at a time whatever the depth, not the model's; and a weight whose float copy would exceed
 `MAX_FLOAT_BYTES` is dequantized a block of rows at a time (a large vocabulary's head: 0.5B's
 tied head in float32 would be 545 MB at once, a spike the memory plan does not count). Values
 equal `quantized_matmul`'s up to float rounding, gradients too (tests/test_cpu_quantized.py).
