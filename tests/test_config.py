@@ -113,6 +113,9 @@ def test_shipped_configs_load_and_pass_the_checks(name):
     if name == "full-python.yaml":  # the recipe docs/results.md "Learning beyond the easy tasks" measured
         assert (cfg.rl.guidance, cfg.rl.dynamic_sampling, cfg.data.curriculum,
                 cfg.rl.ratio_level) == (True, True, True, "token")
+        # a step budget: a seeded run gives the same steps on any machine (issue 56; with
+        # max_minutes the steps, and so the learning figure, followed the machine's load)
+        assert cfg.training.max_steps == 150 and cfg.training.max_minutes == 0
     if name == "sft-then-rl.yaml":  # RL from the first phase's run (docs/sft-then-rl.md)
         from mlx_rlaif.train.sft import load_config as load_sft
 

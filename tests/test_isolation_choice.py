@@ -65,7 +65,11 @@ def as_user_without_bwrap(tmp_path: Path, *args: str) -> subprocess.CompletedPro
     """The CLI with `bwrap` missing from PATH and a uid other than root's."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python3").symlink_to(os.path.realpath(sys.executable))
+    # this interpreter as it was started (a venv's python keeps its venv): never the base one
+    # behind its symlink, which may have none of the packages (a fresh machine)
+    shim = bin_dir / "python3"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
     code = ("import os, sys\nos.geteuid = lambda: 1000\nfrom mlx_rlaif.cli import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
     env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
