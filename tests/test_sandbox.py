@@ -253,3 +253,59 @@ def test_mode_choice() -> None:
 def test_bad_python_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="reward.exec.python"):
         Sandbox("process", python="/bin/false")
+
+
+# --- clean-up of what a student builds (issue 57) ---------------------------------------------
+
+DEEP = 1700  # past Python's recursion limit: a recursive rmtree raises RecursionError
+DEEP_TREE = ("import os\n"
+             "def deep():\n"
+             "    top = os.getcwd()\n"
+             f"    for _ in range({DEEP}):\n"
+             "        os.mkdir('d')\n"
+             "        os.chdir('d')\n"
+             "    open('f', 'w').write('x')\n"
+             "    os.chmod('.', 0o500)\n"  # a directory it cannot be emptied through as is
+             "    os.chdir(top)\n")
+
+
+@pytest.fixture
+def own_tmp(monkeypatch: pytest.MonkeyPatch):
+    """A temporary directory of this test's own for the boxes (others' tests make boxes in
+    /tmp at the same time); traversable by a slot's uid."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="mlx-rlaif-test-")
+    os.chmod(d, 0o711)
+    monkeypatch.setattr(tempfile, "tempdir", d)
+    yield d
+    os.rmdir(d)  # empty: nothing of the run's was left
+
+
+@pytest.mark.parametrize("fmt", ["calls", "stdio"])
+def test_a_tree_deeper_than_the_recursion_limit_keeps_its_failing_verdict(
+        sb: Sandbox, fmt: str, own_tmp: str) -> None:
+    """A wrong answer that builds a directory tree 1,700 levels deep in its box is still scored
+    (0, not unscorable: an unscorable completion would escape its negative advantage), and its
+    box is gone: clean-up never recurses on the student's depth (box.py, launcher.py, runs.py)."""
+    from mlx_rlaif.config import ExecConfig
+    from mlx_rlaif.records import Task
+    from mlx_rlaif.rewards.exec import ExecReward
+
+    if fmt == "calls":
+        task = Task(id="add", prompt="add", entry_point="add",
+                    tests=({"args": [1, 2], "expected": 3}, {"args": [5, 5], "expected": 10}))
+        code = DEEP_TREE + "def add(a, b):\n    deep()\n    return a - b\n"
+    else:
+        task = Task(id="sum", prompt="sum", tests=({"stdin": "1 2\n", "stdout": "3\n"},
+                                                   {"stdin": "5 5\n", "stdout": "10\n"}))
+        code = DEEP_TREE + "deep()\nprint(0)\n"
+    reward = ExecReward(ExecConfig(sandbox=sb.mode, workers=1, cache_size=0, timeout_s=20.0,
+                                   cpu_s=20, uid_base=64100))
+    try:
+        [r] = reward.score([task], [code])
+    finally:
+        reward.close()
+    assert r.value is not None, r.reason
+    assert r.parts["tests"] == 0.0 and "RecursionError" not in r.reason
+    assert os.listdir(own_tmp) == []

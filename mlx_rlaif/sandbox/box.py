@@ -59,7 +59,6 @@ import functools
 import marshal
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -74,6 +73,7 @@ from typing import IO
 
 from ..errors import ConfigError, RlaifError
 from . import seatbelt
+from .launcher import remove_tree
 from .modes import (
     BOX,
     UidPool,
@@ -493,21 +493,6 @@ def _try(fn, *args) -> None:
 
 
 def _rmtree(path: Path) -> None:
-    def fix(func, p, _exc):  # a run may leave directories without write permission
-        parent = os.path.dirname(p)
-        if not Path(parent).is_relative_to(path):
-            return  # the box itself is gone or stuck: never chmod what holds it (/tmp)
-        with suppress(OSError):
-            os.chmod(parent, 0o700)
-            if not os.path.islink(p):  # chmod follows links: never to outside the box
-                os.chmod(p, 0o700)
-            if func in (os.rmdir, os.unlink, os.remove):  # not os.open/scandir: they need more
-                func(p)
-
-    for _ in range(100):  # each pass opens up what the last one could not enter
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(path, onexc=fix)
-        else:
-            shutil.rmtree(path, onerror=fix)
-        if not os.path.lexists(path):
-            return
+    """Remove a box (or anything a run made) however deep and however its permissions were
+    left: launcher.py's `remove_tree` (iterative, by directory fd, never follows a link)."""
+    remove_tree(path)

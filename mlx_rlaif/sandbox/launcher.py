@@ -42,10 +42,10 @@ class _Timeout(Exception):
     pass
 
 
-def _try(fn, *args):
+def _try(fn, *args, **kw):
     """Call fn(*args), ignoring OSError (a process already gone, an fd already closed)."""
     try:
-        return fn(*args)
+        return fn(*args, **kw)
     except OSError:
         return None
 
@@ -602,27 +602,122 @@ def _empty(d, uid=None, since=None, keep=()):
 
 
 def _rmtree(path):
-    import shutil
+    remove_tree(path)
 
-    def fix(func, p, _exc):  # a run may leave directories without write permission
-        try:
-            parent = os.path.dirname(p)
-            if parent.startswith(path.rstrip("/") + "/") or parent == path:
-                os.chmod(parent, 0o700)  # never what holds the tree (/tmp, in process mode)
-            if (p == path or p.startswith(path.rstrip("/") + "/")) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-            if func in (os.rmdir, os.unlink, os.remove):  # not os.open/scandir: more arguments
-                func(p)
-        except OSError:
-            pass
 
-    for _ in range(100):  # each pass opens up what the last one could not enter
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(path, onexc=fix)
-        else:
-            shutil.rmtree(path, onerror=fix)
-        if not os.path.lexists(path):
-            return
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def remove_tree(path):
+    """Remove `path` (a file, a link or a directory tree) without recursion and without
+    following links: one directory fd open at a time (descend by openat, climb by "..",
+    checked against the inode it came from), so a tree of any depth (a student's, 10,000
+    levels) ends neither in RecursionError nor past the open-files limit. Directories a run
+    left without permissions are opened up (chmod 0700: only what lies inside `path`, and
+    `path` itself). What cannot be removed is left and counted; returns how many entries
+    were left (0: all gone). Nothing may run in the tree meanwhile (its processes are gone)."""
+    path = os.fspath(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        return 1
+    parent, name = os.path.split(path.rstrip("/") or "/")
+    if st.st_mode & 0o170000 != 0o040000:  # not a directory: a file or a link
+        _try(os.unlink, path)
+        return int(os.path.lexists(path))
+    try:
+        pfd = os.open(parent or ".", _DIR)
+    except OSError:
+        return 1
+    try:
+        left = _empty_at(pfd, name)
+        if _try(os.rmdir, name, dir_fd=pfd) is None and _exists_at(pfd, name):
+            left += 1
+        return left
+    finally:
+        os.close(pfd)
+
+
+def _exists_at(fd, name):
+    try:
+        os.stat(name, dir_fd=fd, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
+
+
+def _open_dir(fd, name):
+    """openat(fd, name) of a directory, opening it up once (chmod 0700) where it refuses."""
+    try:
+        return os.open(name, _DIR, dir_fd=fd)
+    except PermissionError:
+        _try(os.chmod, name, 0o700, dir_fd=fd)
+        return os.open(name, _DIR, dir_fd=fd)
+
+
+def _ident(fd):
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _empty_at(pfd, name):
+    """Empty the directory `name` in the directory `pfd`, depth first, iteratively; the number
+    of entries that could not be removed."""
+    try:
+        fd = _open_dir(pfd, name)
+    except OSError:
+        return 1
+    _try(os.fchmod, fd, 0o700)  # its entries can be unlinked and entered
+    path = [(None, _ident(fd), set())]  # (name in the parent, (dev, ino), names given up on)
+    left = 0
+    try:
+        while True:
+            child = _clear_files(fd, path[-1][2])
+            if child is not None:  # descend into the first directory left
+                try:
+                    cfd = _open_dir(fd, child)
+                except OSError:
+                    path[-1][2].add(child)
+                    left += 1
+                    continue
+                _try(os.fchmod, cfd, 0o700)
+                os.close(fd)
+                fd = cfd
+                path.append((child, _ident(fd), set()))
+                continue
+            if len(path) == 1:
+                return left
+            gone, _, _ = path.pop()
+            up = os.open("..", _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            if _ident(fd) != path[-1][1]:  # the tree moved under us: stop here
+                return left + 1
+            if _try(os.rmdir, gone, dir_fd=fd) is None and _exists_at(fd, gone):
+                path[-1][2].add(gone)
+                left += 1
+    finally:
+        os.close(fd)
+
+
+def _clear_files(fd, skip):
+    """Unlink every non-directory entry of the directory `fd`; the name of a subdirectory not
+    in `skip` (None: none left), listed after the unlinks."""
+    try:
+        with os.scandir(fd) as it:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    except OSError:
+        return None
+    sub = None
+    for entry, is_dir in entries:
+        if is_dir:
+            if sub is None and entry not in skip:
+                sub = entry
+        elif _try(os.unlink, entry, dir_fd=fd) is None and _exists_at(fd, entry):
+            skip.add(entry)
+    return sub
 
 
 def _remove_ipc(uid):

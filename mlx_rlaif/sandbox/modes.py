@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ConfigError
+from .launcher import remove_tree
 
 MODES = ("auto", "bwrap", "seatbelt", "process")
 BOX = "/box"  # the box's path inside bwrap
@@ -293,7 +294,7 @@ def remove_owned(uid: int, since: float, dirs: Sequence[str] = SHARED_DIRS) -> N
                 if st.st_uid != uid or st.st_ctime < since or BOX_NAME.fullmatch(e.name):
                     continue
                 if e.is_dir(follow_symlinks=False):
-                    shutil.rmtree(e.path, ignore_errors=True)
+                    remove_tree(e.path)
                 else:
                     os.unlink(e.path)
             except OSError:

@@ -70,7 +70,6 @@ import functools
 import logging
 import os
 import select
-import shutil
 import signal
 import socket
 import stat
@@ -205,7 +204,7 @@ def program_dir(sb: Sandbox, name: str, data: bytes, gid: int | None
         inside = f"{PROGRAM}/{name}" if sb.mode == "bwrap" else str(path)
         yield host, inside
     finally:
-        shutil.rmtree(host, ignore_errors=True)
+        _rmtree(host)
 
 
 def _mode(name: str) -> int:
