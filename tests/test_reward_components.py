@@ -48,6 +48,10 @@ def forever(completion):
         time.sleep(10**9)
     return 1.0
 
+def slow_raise(completion):
+    time.sleep(0.5)
+    raise ValueError("no rule, slowly")
+
 def dies(completion):
     os._exit(3)
 
@@ -205,6 +209,48 @@ def test_errors_deaths_and_async_concurrency(fns):
         assert time.monotonic() - t0 < 0.5 * 16 / 2  # 8 at once: two rounds, not sixteen
     finally:
         pool.close()
+
+
+def test_a_function_that_hangs_on_every_call_ends_the_step_within_its_timeout(fns):
+    """Issue 57: 32 completions, 2 workers, a function that hangs on every call. The old pool
+    waited out each call's timeout in turn (32 x 2 s / 2 workers, plus a restart per call);
+    on_error stop ends at the first timeout, unscorable once more than max_error_frac of the
+    batch has failed, and the pool scores the next batch with fresh workers."""
+    from mlx_rlaif.rewards.build import build_reward
+
+    timeout_s = 2.0
+    for on_error, bound in (("stop", timeout_s + 10), ("unscorable", 3 * timeout_s + 10)):
+        cfg = check(load(None, [f"reward.components=[{{kind: function, fn: '{fns}:forever', "
+                                f"weight: 0.3, timeout_s: {timeout_s:g}}}]",
+                                "reward.workers=2", f"reward.on_error={on_error}"]))
+        reward = build_reward(cfg)
+        try:
+            reward.score(_tasks(1), ["warm"])  # the workers started
+            t0 = time.monotonic()
+            with pytest.raises(RewardError, match=r"timed out after 2 s \(its worker was killed"
+                                                  if on_error == "stop" else
+                               r"failed on [45] of 32 completions, above reward.max_error_frac "
+                               r"0.1 \(the other \d+ not tried\)"):
+                reward.score(_tasks(32), ["hang"] * 32)
+            took = time.monotonic() - t0
+            print(f"{on_error}: {took:.1f} s")
+            assert took < bound, (on_error, took)  # the old pool: 33.9 s measured (stop)
+            assert [r.value for r in reward.score(_tasks(2), ["a", "b"])] == [0.3, 0.3]
+        finally:
+            reward.close()
+
+
+def test_on_error_stop_cancels_at_the_first_error_not_after_every_call(fns):
+    """An error (not a hang) stops the batch too: a function that takes 0.5 s and raises, 16
+    completions on one worker, gives up after its first answer (the old pool: 8 s)."""
+    reward = ComponentsReward([], [_function(fns, "slow_raise")])
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RewardError, match="no rule, slowly"):
+            reward.score(_tasks(16), ["a"] * 16)
+        assert time.monotonic() - t0 < 4
+    finally:
+        reward.close()
 
 
 # --- combining components ----------------------------------------------------------------

@@ -15,6 +15,9 @@ A function's error, timeout or a value the contract refuses either raises Reward
 (`on_error: stop`, naming the component, the task and the traceback's last line; the step
 stops before its update) or makes that completion's value None for that component
 (`unscorable`), counted, with RewardError once more than `max_error_frac` of a batch errs.
+Either way the batch is given up on as soon as the bound is passed (stop: the first failure):
+the function's calls still out are cancelled and their workers killed (pool.py), so a function
+that hangs on every call ends the step after about one `timeout_s`.
 Per component, `metrics()` reports reward/<name>/mean, std, frac_none, errors, timeouts and
 seconds since its last call (the step's), and the built-ins' own metrics. Only batches scored
 for a training step count (the trainer sets `step` before it scores; `metrics()` clears it):
@@ -39,15 +42,16 @@ from ...errors import RewardError
 from ...records import Reward, Task, group_indices
 from ..base import RewardFn
 from .contract import ValueProblem, as_lists, check_list, check_value, exec_summary, shown, units
-from .pool import Outcome
+from .pool import GiveUp, Outcome
 
-Scorer = Callable[[list[dict[str, Any]], int], list[Outcome]]
+Scorer = Callable[[list[dict[str, Any]], int, GiveUp | None], list[Outcome]]
 
 
 @dataclass
 class Custom:
-    """A function or server component: `scorer(units, step)` gives one outcome per unit; a
-    function of lists gets one unit per batch (or per group: `group`)."""
+    """A function or server component: `scorer(units, step, give_up)` gives one outcome per
+    unit (give_up: pool.run's); a function of lists gets one unit per batch (or per group:
+    `group`)."""
 
     name: str
     weight: float
@@ -125,49 +129,44 @@ class ComponentsReward:
     def _custom(self, c: Custom, args: list[dict[str, Any]], tasks: list[Task]
                 ) -> list[_Scored]:
         t0 = time.perf_counter()
-        if c.batched:
-            chunks = list(group_indices([t.id for t in tasks]).values()) if c.group \
-                else [list(range(len(args)))]
-            outcomes = c.scorer([as_lists([args[i] for i in ix]) for ix in chunks],
-                                  self.step or 0)
-            flat: list[tuple[Outcome, int]] = [None] * len(args)  # type: ignore[list-item]
-            for ix, (status, value) in zip(chunks, outcomes, strict=True):
-                if status == "ok":
-                    try:
-                        value = check_list(value, len(ix))
-                    except ValueProblem as e:
-                        status, value = "error", str(e)
-                for k, i in enumerate(ix):
-                    flat[i] = ((status, value[k] if status == "ok" else value), i)
-            results = [o for o, _ in flat]
-        else:
-            results = c.scorer(args, self.step or 0)
-        out, errors, timeouts = [], 0, 0
-        for task, (status, value) in zip(tasks, results, strict=True):
-            if status == "ok":
-                try:
-                    v, parts = check_value(value)
-                    out.append(_Scored(v, parts))
-                    continue
-                except ValueProblem as e:
-                    status, value = "error", str(e)
-            errors += status == "error"
-            timeouts += status == "timeout"
-            why = value if status != "timeout" else \
-                f"{c.what} did not answer within {c.timeout_s:g} s" if c.server else \
-                f"timed out after {c.timeout_s:g} s (its worker was killed)"
-            if self.on_error == "stop":
-                self._count(c.name, out, errors, timeouts, time.perf_counter() - t0)
-                raise RewardError(f"reward component {c.name} ({c.what}) on task {task.id}: "
-                                  f"{why}: fix it, or set reward.on_error unscorable")
-            out.append(_Scored(None, {}, f"{status}: {why}"))
+        chunks = (list(group_indices([t.id for t in tasks]).values()) if c.group
+                  else [list(range(len(args)))]) if c.batched else [[i] for i in range(len(args))]
+        calls = [as_lists([args[i] for i in ix]) for ix in chunks] if c.batched else args
+        limit = 0.0 if self.on_error == "stop" else self.max_error_frac * len(args)
+        outcomes = c.scorer(calls, self.step or 0, give_up_past(limit, chunks, c.batched))
+        results: list[Outcome] = [("cancelled", None)] * len(args)
+        for ix, outcome in zip(chunks, outcomes, strict=True):
+            for i, o in zip(ix, per_completion(outcome, len(ix), c.batched), strict=True):
+                results[i] = o
+        errors = sum(o[0] == "error" for o in results)
+        timeouts = sum(o[0] == "timeout" for o in results)
+        failed = [(i, o) for i, o in enumerate(results) if o[0] in ("error", "timeout")]
+        if self.on_error == "stop" and failed:
+            i, (status, value) = failed[0]
+            self._count(c.name, [], errors, timeouts, time.perf_counter() - t0)
+            raise RewardError(f"reward component {c.name} ({c.what}) on task {tasks[i].id}: "
+                              f"{self._why(c, status, value)}: fix it, or set reward.on_error "
+                              "unscorable")
+        out = [_Scored(*o[1]) if o[0] == "ok" else
+               _Scored(None, {}, f"{o[0]}: {self._why(c, *o)}") for o in results]
         self._count(c.name, out, errors, timeouts, time.perf_counter() - t0)
         if out and (errors + timeouts) / len(out) > self.max_error_frac:
-            last = next(s.reason for s in reversed(out) if s.reason)
+            cancelled = sum(o[0] == "cancelled" for o in results)
+            last = next(s.reason for s in reversed(out) if s.reason and
+                        not s.reason.startswith("cancelled"))
             raise RewardError(f"reward component {c.name} ({c.what}) failed on "
                               f"{errors + timeouts} of {len(out)} completions, above "
-                              f"reward.max_error_frac {self.max_error_frac:g}; last: {last}")
+                              f"reward.max_error_frac {self.max_error_frac:g}"
+                              f"{f' (the other {cancelled} not tried)' if cancelled else ''}; "
+                              f"last: {last}")
         return out
+
+    @staticmethod
+    def _why(c: Custom, status: str, value: Any) -> str:
+        if status == "timeout":
+            return f"{c.what} did not answer within {c.timeout_s:g} s" if c.server else \
+                f"timed out after {c.timeout_s:g} s (its worker was killed)"
+        return "not scored: the batch was given up on" if status == "cancelled" else str(value)
 
     def _count(self, name: str, out: list[_Scored], errors: int, timeouts: int,
                seconds: float) -> None:
@@ -237,6 +236,40 @@ class ComponentsReward:
             fn.close()
         for c in self.customs:
             c.close()
+
+
+def per_completion(outcome: Outcome, n: int, batched: bool) -> list[Outcome]:
+    """The outcome of one call as n completions' outcomes, each value checked against the
+    contract: ("ok", (value, parts)), or an error saying what the contract refused."""
+    status, value = outcome
+    if status != "ok":
+        return [outcome] * n
+    try:
+        values = check_list(value, n) if batched else [value]
+    except ValueProblem as e:
+        return [("error", str(e))] * n
+    out: list[Outcome] = []
+    for v in values:
+        try:
+            out.append(("ok", check_value(v)))
+        except ValueProblem as e:
+            out.append(("error", str(e)))
+    return out
+
+
+def give_up_past(limit: float, chunks: list[list[int]], batched: bool) -> GiveUp:
+    """give_up for a pool: True once more than `limit` completions have failed (an error, a
+    timeout or a value the contract refuses; a call of a function of lists counts for each
+    completion it had)."""
+    failed = 0
+
+    def give_up(k: int, outcome: Outcome) -> bool:
+        nonlocal failed
+        n = len(chunks[k])
+        failed += sum(o[0] != "ok" for o in per_completion(outcome, n, batched))
+        return failed > limit
+
+    return give_up
 
 
 def weighted_sum(values: Sequence[float | None], weights: Sequence[float]) -> float | None:

@@ -11,6 +11,12 @@ sleep) and a fresh one takes the rest of its sets: with a sync function the set 
 the timeout, with an `async def` one every set still in flight. A worker that dies (a crash, an
 `os._exit`) is an error on its set and is restarted the same way.
 
+`run(..., give_up=f)` ends the batch early: `f(index, outcome)` sees each outcome as it comes
+and, once it says True (on_error stop: the first failure; unscorable: more failures than the
+batch may have), every worker still busy on the batch is killed and replaced by a fresh one
+and the sets not yet answered come back ("cancelled", None). So a function that hangs on every
+call costs one timeout (plus the kill), not sets x timeout / workers.
+
 Not covered: a function that forks processes of its own and leaves them running (their parent
 is killed; they are not).
 """
@@ -23,14 +29,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ...errors import RewardError
 
-Outcome = tuple[str, Any]  # ("ok", value) | ("error", line) | ("timeout", None)
+Outcome = tuple[str, Any]  # ("ok", value) | ("error", line) | ("timeout" | "cancelled", None)
+GiveUp = Callable[[int, Outcome], bool]
 START_S = 120.0  # a worker's start (Python, the user's imports) on a loaded machine
 ASYNC_GRACE_S = 1.0  # an async function's own wait_for answers first
 
@@ -53,6 +60,7 @@ class WorkerPool:
         self._args = (spec, dict(kwargs), group, concurrency, timeout_s)
         self._workers = [self._start() for _ in range(workers)]
         self._calls = 0
+        self._arrived: list[int] = []
         self.restarts = 0
 
     def _start(self) -> _Worker:
@@ -82,27 +90,46 @@ class WorkerPool:
             raise RewardError(payload)
         w.ready = True
 
-    def run(self, units: Sequence[Mapping[str, Any]], step: int) -> list[Outcome]:
-        """One outcome per argument set, in order."""
+    def run(self, units: Sequence[Mapping[str, Any]], step: int,
+            give_up: GiveUp | None = None) -> list[Outcome]:
+        """One outcome per argument set, in order; once `give_up(index, outcome)` says True, the
+        sets still out are cancelled (their workers killed and replaced)."""
         out: list[Outcome | None] = [None] * len(units)
+        self._arrived = []  # indices, in the order their outcomes came
         n_workers = min(len(self._workers), len(units))
         for i in range(n_workers):
             self._send(i, list(range(i, len(units), n_workers)), units, step)
-        busy = set(range(n_workers))
+        busy, looked = set(range(n_workers)), 0
         while busy:
             soonest = min(self._workers[i].deadline for i in busy)
             conns = {self._workers[i].conn: i for i in busy}
+            left: dict[int, list[int]] = {}  # a replaced worker's sets still to do
             for conn in wait(list(conns), timeout=max(0.0, soonest - time.monotonic())):
                 i = conns[conn]
                 if not self._receive(i, out):
-                    self._replace(i, "error", units, step, out)
-            for i in list(busy):
+                    left[i] = self._replace(i, "error", out)
+            for i in busy - set(left):
                 w = self._workers[i]
                 if w.pending and time.monotonic() > w.deadline:
-                    self._replace(i, "timeout", units, step, out)
-                if not self._workers[i].pending:
-                    busy.discard(i)
-        return out  # type: ignore[return-value]
+                    left[i] = self._replace(i, "timeout", out)
+            new, looked = self._arrived[looked:], len(self._arrived)
+            if give_up is not None and any(give_up(j, out[j]) for j in new):  # type: ignore[arg-type]
+                self._cancel(busy)
+                break
+            for i, rest in left.items():
+                if rest:
+                    self._send(i, rest, units, step)
+            busy = {i for i in busy if self._workers[i].pending}
+        return [o or ("cancelled", None) for o in out]
+
+    def _cancel(self, busy: set[int]) -> None:
+        """Kill the workers still on a batch that was given up on; fresh ones take their place
+        (started now, ready by the next batch)."""
+        for i in busy:
+            if self._workers[i].pending:
+                _kill(self._workers[i])
+                self.restarts += 1
+                self._workers[i] = self._start()
 
     def _send(self, i: int, indices: list[int], units: Sequence[Mapping[str, Any]],
               step: int) -> None:
@@ -126,14 +153,14 @@ class WorkerPool:
         if call == w.call:
             j = w.sent[k]
             out[j] = (status, payload)
+            self._arrived.append(j)
             w.pending.remove(j)
             w.deadline = time.monotonic() + self._wait_s()
         return True
 
-    def _replace(self, i: int, why: str, units: Sequence[Mapping[str, Any]], step: int,
-                 out: list[Outcome | None]) -> None:
-        """Kill worker i (hung past its timeout, or dead), mark the sets it was on, start a fresh
-        one on the rest."""
+    def _replace(self, i: int, why: str, out: list[Outcome | None]) -> list[int]:
+        """Kill worker i (hung past its timeout, or dead), mark the sets it was on and start a
+        fresh one; the sets it had not begun come back (to send to the fresh one)."""
         w = self._workers[i]
         _kill(w)
         lost = list(w.pending) if self.is_async else w.pending[:1]
@@ -141,11 +168,10 @@ class WorkerPool:
         for j in lost:
             out[j] = ("timeout", None) if why == "timeout" else (
                 "error", f"its worker process exited (exit code {code})")
+            self._arrived.append(j)
         self.restarts += 1
         self._workers[i] = self._start()
-        rest = [j for j in w.pending if j not in lost]
-        if rest:
-            self._send(i, rest, units, step)
+        return [j for j in w.pending if j not in lost]
 
     def close(self) -> None:
         for w in self._workers:

@@ -58,7 +58,9 @@ class ServerClient:
         self._sleep = sleep
         self.retries = 0
 
-    def score(self, units: Sequence[Mapping[str, Any]], step: int) -> list[Outcome]:
+    def score(self, units: Sequence[Mapping[str, Any]], step: int,
+              give_up: Any = None) -> list[Outcome]:
+        """One outcome per set (give_up: not used, one request is all or nothing)."""
         n = len(units)
         try:
             answer = self._post(request_body(units, step, self.kwargs, self.protocol))
