@@ -7,9 +7,14 @@ a line, and C1 characters (U+0080-U+009F) act as ESC on some terminals. Bidirect
 (U+202A-U+202E, U+2066-U+2069) reorder what is shown. Everything that prints such text (the
 dashboard, the plain log lines, `eval`, `validate`, `score`, `summary`, `data convert`,
 `check-rewards`, `audit-judge`, `doctor`, error lines) passes it
-through `visible()`, which writes each of these characters as its escape (`\\x1b`, `\\u202e`);
-newlines and tabs stay, where a layout has room for them. Files (JSONL, datasets) keep the raw
-text: `json_visible()` escapes them the JSON way, so a line decodes to the same value.
+through `visible()`, which writes each of these characters as its escape (`\\x1b`, `\\u202e`,
+and `\\n`, `\\t`, `\\r`); newlines and tabs stay only where a layout has room for them (a
+completion in a panel), never in a line that could pass for the command's own (an error line, a
+table cell: a user function's exception holding "\\nscored 9/9" stays on its line). Text printed
+through rich goes in as `text()`, a `rich.text.Text` of the visible string: rich reads no markup
+(`[link=...]`, `[/]`) and no emoji codes in it, so a task id cannot make a hyperlink or raise
+rich's MarkupError. Files (JSONL, datasets) keep the raw text: `json_visible()` escapes them the
+JSON way, so a line decodes to the same value.
 
 Not covered: what a terminal does with printable text (very long lines, homoglyphs).
 """
@@ -17,13 +22,15 @@ Not covered: what a terminal does with printable text (very long lines, homoglyp
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 _CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)]
 _BIDI = [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
 
 
 def _escape(c: int) -> str:
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    return _NAMED.get(c) or (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}")
 
 
 _TABLE = {c: _escape(c) for c in (*_CONTROLS, *_BIDI)}
@@ -38,6 +45,14 @@ def visible(text: object, *, lines: bool = True) -> str:
     return str(text).translate(_TABLE_LAYOUT if lines else _TABLE)
 
 
+def text(value: object, *, lines: bool = False, style: str = "") -> Any:
+    """`value` for rich: a `rich.text.Text` of `visible(value, lines=lines)`, which rich prints
+    as it is (no markup, no emoji codes), in `style`."""
+    from rich.text import Text
+
+    return Text(visible(value, lines=lines), style=style)
+
+
 def json_visible(line: str) -> str:
     """A JSON text (json.dumps with ensure_ascii=False) with the control characters JSON leaves
     raw (DEL, C1, bidirectional overrides) escaped as `\\uXXXX`: the same value decoded."""
@@ -45,7 +60,15 @@ def json_visible(line: str) -> str:
 
 
 class VisibleFormatter(logging.Formatter):
-    """A log formatter whose lines never carry control characters."""
+    """A log formatter whose lines never carry control characters: the message is one line (a
+    newline in it, from a user function's exception say, shows as `\\n`); a traceback logged
+    with it keeps its lines."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        return visible(super().format(record))
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return visible(super().formatMessage(record), lines=False)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802
+        return visible(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802
+        return visible(super().formatStack(stack_info))

@@ -44,9 +44,9 @@ def assert_only_own_escapes(data: str) -> None:
 
 
 def test_visible_escapes_controls_and_keeps_layout() -> None:
-    assert visible(HOSTILE) == ("t\\x1b]0;pwned\\x07\\x1b[2J\\x1b]52;c;ZXZpbA==\\x07\\x0dX\\x9b31m"
+    assert visible(HOSTILE) == ("t\\x1b]0;pwned\\x07\\x1b[2J\\x1b]52;c;ZXZpbA==\\x07\\rX\\x9b31m"
                                 "\\u202eY\\x7f")
-    assert visible("a\n\tb") == "a\n\tb" and visible("a\n\tb", lines=False) == "a\\x0a\\x09b"
+    assert visible("a\n\tb") == "a\n\tb" and visible("a\n\tb", lines=False) == "a\\n\\tb"
     assert visible("héllo → ok") == "héllo → ok"
 
 

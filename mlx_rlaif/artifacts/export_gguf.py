@@ -5,7 +5,9 @@ The steps: mlx-lm loads base + adapters (fuse.py), the architecture and tokenize
 before anything is fused (one line when llama.cpp could not run the result), the adapters are
 folded into float weights (a quantized base is dequantized first, said through `say`), gguf.py
 writes the file and modelfile.py the Modelfile, from the tokenizer's chat template and
-end-of-sequence tokens and the run's system prompt.
+end-of-sequence tokens and the run's system prompt. The name (`--name`, else the base's last
+path part with other characters as '-') is checked before anything loads: it is a file name
+inside `out`, never a path (modelfile.check_name).
 
 Not covered: what gguf.py and modelfile.py list; several types in one call (run it per type).
 """
@@ -91,6 +93,7 @@ def export(adapter_dir: Path, base: str, out: Path, type_name: str, name: str | 
     from . import fuse
 
     gguf.check_type(type_name)
+    name = modelfile.check_name(name) if name is not None else modelfile.default_name(base)
     gguf.require()
     tok_dir = tokenizer_dir(base)
     base_cfg = json.loads((tok_dir / "config.json").read_text())
@@ -106,7 +109,6 @@ def export(adapter_dir: Path, base: str, out: Path, type_name: str, name: str | 
     fused, cfg, _corr = fuse.fuse(model, config, fuse.Quantization())
     weights = float_weights(fused)
     del fused, model
-    name = name or Path(base.rstrip("/")).name.replace("builtin:", "")
     file_name = f"{name}-{type_name}.gguf"
     status(f"writing {file_name}")
     with atomic_dir(out) as tmp:

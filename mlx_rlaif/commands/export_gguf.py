@@ -3,7 +3,10 @@ with an Ollama Modelfile and a model card beside it, for llama.cpp, Ollama and L
 
 The adapters are folded into float weights (a quantized base is dequantized first, and the
 command says so); artifacts/gguf.py writes the file and artifacts/modelfile.py the Modelfile.
-`--push REPO` uploads the folder to the Hugging Face Hub (artifacts/hub_push.py).
+`--push REPO` uploads the folder to the Hugging Face Hub (artifacts/hub_push.py). `--name` is
+checked before anything loads (letters, digits, '.', '_', '-': a file name in --out, never a
+path); what it prints (paths, the base model recorded in adapter_config.json) goes through
+terminal.text: no control characters, no rich markup read.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
+    from ..artifacts.modelfile import check_name
+
+    if args.name is not None:
+        check_name(args.name)
     check_push(args)
 
 
@@ -46,21 +53,26 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..artifacts import atomic, checkpoint, export_gguf
+    from ..terminal import text
 
     out = atomic.check_out_dir(args.out)
     adapter_dir = checkpoint.resolve(args.path)
     base = checkpoint.base_model_of(adapter_dir, args.model)
     console = Console(stderr=True)
-    with console.status(f"loading {base} + {adapter_dir.name}") as status:
+
+    def say(line: str) -> None:  # paths, the base's name, its config's values: shown as text
+        console.print(text(line))
+
+    with console.status(text(f"loading {base} + {adapter_dir.name}")) as status:
         result = export_gguf.export(adapter_dir, base, Path(out), args.type, name=args.name,
-                                    system=args.system, say=console.print,
-                                    status=status.update)
+                                    system=args.system, say=say,
+                                    status=lambda line: status.update(text(line)))
     info = result.gguf
-    console.print(f"[green]exported[/] {adapter_dir} fused into {base} -> {info.path} ("
-                  f"{info.type}, {info.arch}, {info.tensors} tensors, "
-                  f"{info.path.stat().st_size / 2**20:.1f} MiB) + Modelfile")
-    console.print(f"  ollama create NAME -f {out}/Modelfile && ollama run NAME")
+    console.print(text("exported", style="green"), text(
+        f"{adapter_dir} fused into {base} -> {info.path} ({info.type}, {info.arch}, "
+        f"{info.tensors} tensors, {info.path.stat().st_size / 2**20:.1f} MiB) + Modelfile"))
+    say(f"  ollama create NAME -f {out}/Modelfile && ollama run NAME")
     pushed = push_export(args, out, "gguf", base, adapter_dir, card=False)  # card: written
     if pushed:
-        console.print(pushed)
+        say(pushed)
     return 0
