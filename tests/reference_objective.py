@@ -25,6 +25,11 @@ What it computes, for one rollout batch (every sequence kept, every reward score
 - the aggregation (verl's loss_agg_mode): token-mean (DAPO: 1 / all student tokens),
   seq-mean-token-mean (GRPO, GSPO: 1 / (N |y_i|)), seq-mean-token-sum-norm (Dr. GRPO: 1 /
   (max_new_tokens x the configured batch's sequences)).
+- on-policy distillation (GKD's reverse KL as a reward; Thinking Machines 2025; SDPO's
+  self-distillation): per student token d_t = coef (log p_target - log old), old the
+  sampler's, clipped to +-clip where clip > 0, and the token's advantage weight_reward A + d_t
+  (A the sequence's or, with GAE, the token's). The reported distillation KL is the mean of
+  log old - log p_target over the student's tokens.
 - the combinations whose meaning would contradict the options' names (`refusal`).
 
 Not covered: zero-variance groups, unscorable rewards, truncation masks, several ranks: the
@@ -59,6 +64,9 @@ class Options:
     max_new_tokens: int = 8
     batch_sequences: int = 0  # the configured batch's sequence count (Dr. GRPO's divisor)
     reinforce_baseline: float = 0.0
+    distill_coef: float = 0.0  # 0: no distillation term
+    distill_clip: float = 0.0  # 0: not clipped
+    weight_reward: float = 1.0
 
 
 @dataclass
@@ -74,6 +82,7 @@ class Seq:
     entropy: np.ndarray
     old_values: np.ndarray = field(default_factory=lambda: np.zeros(0))
     values: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    teacher: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the target's log-probs
 
 
 @dataclass
@@ -214,6 +223,8 @@ def objective(seqs: list[Seq], o: Options) -> Result:
         per_seq = sequence_advantages(seqs, o)
         adv = [np.full(int(s.mask.sum()), a) for s, a in zip(seqs, per_seq, strict=True)]
         returns = [None] * len(seqs)
+    if o.distill_coef:
+        adv = [o.weight_reward * a + distill_term(s, o) for s, a in zip(seqs, adv, strict=True)]
     loss, clipped, d_lp, d_h, d_v = 0.0, 0.0, [], [], []
     for s, w, a, ret in zip(seqs, weights(seqs, o), adv, returns, strict=True):
         lp, old, h = student(s.logp, s), student(s.old, s), student(s.entropy, s)
@@ -234,6 +245,17 @@ def objective(seqs: list[Seq], o: Options) -> Result:
         d_h.append(_scatter(np.full(len(lp), -w * o.entropy_coef), s))
         d_v.append(dv)
     return Result(loss, d_lp, d_h, d_v, kl_reported(seqs, o), float(clipped))
+
+
+def distill_term(s: Seq, o: Options) -> np.ndarray:
+    """coef (log p_target - log old) per student token, clipped to +-clip (clip > 0)."""
+    d = o.distill_coef * (student(s.teacher, s) - student(s.old, s))
+    return np.clip(d, -o.distill_clip, o.distill_clip) if o.distill_clip > 0 else d
+
+
+def distill_kl(seqs: list[Seq]) -> float:
+    """The mean of log old - log p_target over every student token."""
+    return float(np.concatenate([student(s.old - s.teacher, s) for s in seqs]).mean())
 
 
 def kl_reported(seqs: list[Seq], o: Options) -> float | None:

@@ -253,6 +253,34 @@ def test_on_error_stop_cancels_at_the_first_error_not_after_every_call(fns):
         reward.close()
 
 
+def test_the_step_a_function_receives_is_the_step_of_batches_jsonl():
+    """Issue 57: a training step's batch is numbered in batches.jsonl after its update (1 for
+    the first step); the functions got the count before it (0, 1, 2 for steps 1, 2, 3), so
+    they could not tell the first step from `score`'s documented 0."""
+    from types import SimpleNamespace
+
+    from mlx_rlaif.records import Reward, Rollout
+    from mlx_rlaif.train.step import score
+
+    class Seen:
+        step: int | None = None
+        steps: list[int | None] = []
+
+        def score(self, tasks, texts):
+            self.steps.append(self.step)
+            return [Reward(1.0) for _ in texts]
+
+    seen = Seen()
+    cfg = SimpleNamespace(generation=SimpleNamespace(max_turns=1, num_samples_per_prompt=1),
+                          rl=None)
+    task = Task(id="t", prompt="p")
+    rollouts = [Rollout(task, (1,), (2,), (0.0,), "x", "stop", 1.0)]
+    for done in range(3):  # run.state.step: the steps done before this one
+        score(SimpleNamespace(reward_fn=seen, cfg=cfg, state=SimpleNamespace(step=done)),
+              rollouts)
+    assert seen.steps == [1, 2, 3]
+
+
 # --- combining components ----------------------------------------------------------------
 
 
@@ -403,7 +431,8 @@ def test_openrlhf_requests_answered_in_their_form(served):
     import urllib.request
 
     body = json.dumps({"query": ["P:ab"], "prompts": ["P:"], "labels": [None]}).encode()
-    with urllib.request.urlopen(urllib.request.Request(served, data=body), timeout=30) as r:
+    req = urllib.request.Request(served, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:  # as OpenRLHF's requests.post(json=)
         answer = json.loads(r.read())
     assert answer == {"rewards": [{"score": 2.5, "label": 0}],
                       "scores": [{"score": 2.5, "label": 0}], "extra_logs": {}}

@@ -27,9 +27,12 @@ FNS = '''
 import time
 
 def raises_late(completion, step):
-    if step >= 1:
+    if step >= 2:
         raise ValueError("the rule broke")
     return 0.5
+
+def step_seen(completion, step):
+    return float(step)
 
 def forever(completion):
     time.sleep(10**9)
@@ -122,15 +125,16 @@ def test_two_steps_with_exec_the_examples_and_a_server(tmp_path, reward_server):
 @pytest.mark.slow
 def test_a_raising_function_stops_the_run_and_the_last_checkpoint_loads(tmp_path, fns):
     out = tmp_path / "run"
-    r = train(out, "--reward", f"{fns}:raises_late@0.3", "--set",
-              "training.save_every_batches=1", steps=3)
+    r = train(out, "--reward", f"{fns}:raises_late@0.3", "--reward", f"{fns}:step_seen@0",
+              "--set", "training.save_every_batches=1", steps=3)
     assert r.returncode == 1, r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"mlx-rlaif train: error: reward component raises_late \(.*fns\.py:"
                         r"raises_late\) on task \S+: ValueError: the rule broke \(fns\.py:\d+\): "
                         r"fix it, or set reward.on_error unscorable", last), last
     assert "Traceback" not in r.stderr
-    assert len(jsonl(out / "batches.jsonl")) == 1  # the second step never updated
+    (first,) = jsonl(out / "batches.jsonl")  # the second step never updated
+    assert first["step"] == 1 and first["reward/step_seen/mean"] == 1.0  # the same number
     ckpt = checkpoint.latest_checkpoint(out)
     assert ckpt is not None and problem(ckpt) is None
     assert checkpoint.load_state(ckpt).step == 1
@@ -183,7 +187,7 @@ RANK_FNS = '''
 import os
 
 def rank_one_breaks(completion, step):
-    if step >= 1 and os.environ.get("MLX_RANK") == "1":
+    if step >= 2 and os.environ.get("MLX_RANK") == "1":  # the second step
         raise ValueError("rank 1's rule broke")
     return 0.5
 '''

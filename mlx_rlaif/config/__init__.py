@@ -19,6 +19,7 @@ from .loading import (
 from .schema import (
     Config,
     DataConfig,
+    DistillConfig,
     DistributedConfig,
     ExecConfig,
     GenerationConfig,
@@ -39,7 +40,7 @@ from .schema import (
 )
 
 __all__ = [
-    "Config", "DataConfig", "DistributedConfig", "ExecConfig", "GenerationConfig", "LoggingConfig", "LoraConfig",
+    "Config", "DataConfig", "DistillConfig", "DistributedConfig", "ExecConfig", "GenerationConfig", "LoggingConfig", "LoraConfig",
     "ModelConfig", "RLConfig", "RewardComponent", "RewardConfig", "TeacherConfig", "TrainingConfig", "apply_override",
     "batch_sequences", "build_section", "check", "documented_yaml", "dump", "from_dict", "load",
     "micro_batch_size", "opt", "prompts_per_step", "read_raw", "reward_components", "smoke_caps", "smoke_eval_tasks", "smoke_steps", "to_dict", "with_functions",

@@ -371,6 +371,7 @@ def check(cfg: Config) -> Config:
                           "(REINFORCE++) or none")
     check_objective(cfg.rl)
     check_overlong(cfg)
+    check_distill(cfg, kinds)
     d = cfg.data
     if d.eval_every and not d.eval_file:
         raise ConfigError("data.eval_every needs held-out tasks: set data.eval_file")
@@ -442,6 +443,22 @@ def check_overlong(cfg: Config) -> None:
     if rl.overlong_penalty > 0 and cfg.generation.max_turns > 1:
         raise ConfigError("rl.overlong_penalty shapes the reward of one answer by its length: "
                           "set generation.max_turns to 1, or rl.overlong_penalty to 0")
+
+
+def check_distill(cfg: Config, kinds: set[str]) -> None:
+    """distill: MLX only, a teacher named for kind teacher, a context to read for kind self."""
+    d = cfg.distill
+    if d.kind != "off" and cfg.model.backend == "torch":
+        raise ConfigError(f"distill.kind {d.kind} is MLX-only (the teacher's and the policy's "
+                          "forward over the student's tokens): with model.backend torch set "
+                          "distill.kind to off")
+    if d.kind == "teacher" and not d.teacher:
+        raise ConfigError("distill.kind teacher needs a teacher model: set distill.teacher to a "
+                          "directory or hub id mlx-lm loads")
+    if d.kind == "self" and not ({"exec", "teacher"} & kinds):
+        raise ConfigError("distill.kind self places the exec feedback or a judge's critique in "
+                          "the student's context, and the reward has neither: set reward.type "
+                          "to exec, teacher or mix")
 
 
 def check_length(t: Any) -> None:

@@ -575,6 +575,42 @@ class DistributedConfig:
                            _pos)
 
 
+SELF_CONTEXT = ("feedback", "critique", "sibling")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    kind: Literal["off", "teacher", "self"] = opt(
+        "off", "A target for every token (docs/algorithms.md, distillation): teacher (a local "
+        "model, distill.teacher, scores each of the student's tokens: on-policy distillation), "
+        "self (the student itself, shown the feedback the run already has, scores its own "
+        "attempt: self-distillation) or off. MLX only.")
+    teacher: str = opt("", "kind teacher: the teacher model, a directory or hub id mlx-lm loads "
+                       "(loaded once, frozen, no adapters). Its tokenizer must encode text to "
+                       "the student's ids (checked at load).")
+    teacher_quantize: int = opt(0, "kind teacher: quantize the teacher's weights to this many "
+                                "bits at load (4 or 8; 0: as stored).",
+                                lambda v: v in (0, 4, 8), "use 0, 4 or 8")
+    self_adapters: Literal["policy", "reference"] = opt(
+        "policy", "kind self: who scores the attempt with the feedback in its context: the "
+        "current policy (adapters on), or the KL reference (reference: the frozen base by "
+        "default).")
+    self_context: tuple[str, ...] = opt(
+        SELF_CONTEXT, "kind self: what goes into the scorer's context: feedback (the exec "
+        "report of the completion's failed tests, built by trusted code), critique (a teacher "
+        "judge's rationale), sibling (a completion of the same group that passed every test). "
+        "A completion with none of them, or one that passed without a sibling, gets no term.",
+        lambda v: bool(v) and set(v) <= set(SELF_CONTEXT),
+        "list some of feedback, critique, sibling")
+    coef: float = opt(1.0, "The per-token advantage coef * (log p_target - log p_student), "
+                      "log p_student the sampler's.", _pos)
+    clip: float = opt(0.0, "Clip each token's distillation advantage to [-clip, clip] (0: no "
+                      "clip).", _nonneg)
+    weight_reward: float = opt(1.0, "Weight of the sequence advantage from the rewards added to "
+                               "the per-token term (0: pure distillation, every completion kept "
+                               "whatever its group's rewards).", _nonneg)
+
+
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -586,6 +622,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 def prompts_per_step(cfg: Config) -> int:

@@ -56,16 +56,20 @@ def fused_bytes(model: Any, cfg: Config) -> int:
     return fused + transposed_bytes(model)
 
 
-def make_plan(cfg: Config, model: Any, prompt_len: int, budget: int
+def make_plan(cfg: Config, model: Any, prompt_len: int, budget: int, teacher: Any = None
               ) -> tuple[memory.Plan | None, memory.Shape | None]:
-    """The plan for `model` within `budget` bytes (None where its shapes are unknown)."""
+    """The plan for `model` within `budget` bytes (None where its shapes are unknown), with a
+    distillation `teacher` model's weights and forward counted (distill.kind teacher; a
+    teacher whose shapes are unknown counts its weights as a student's fixed bytes would not:
+    the plan is then made without it)."""
     shape = memory.shape_of(model, fused_bytes(model, cfg))
     if shape is None:
         return None, None
     t = cfg.training
+    taught = memory.shape_of(teacher) if teacher is not None else None
     return memory.plan(shape, work_of(cfg, prompt_len, model), budget,
                        cfg.generation.completion_batch_size, t.micro_batch_size,
-                       t.grad_checkpoint), shape
+                       t.grad_checkpoint, taught), shape
 
 
 def resolved(cfg: Config, plan: memory.Plan | None, budget: int) -> Config:
@@ -97,19 +101,22 @@ def startup_line(plan: memory.Plan | None, budget: int, source: str, cfg: Config
     t, g = cfg.training, cfg.generation
     width = g.completion_batch_size or t.batch_size * g.num_samples_per_prompt
     micro = micro_batch_size(cfg) or batch_sequences(cfg)
-    return (f"{head}; plan: weights {memory.gb(plan.weights)} GB, decoding {width} sequences "
-            f"at once, micro-batches of {micro} sequences, checkpointing "
+    teacher = (f" + teacher {memory.gb(plan.teacher)} GB (its forward "
+               f"{memory.gb(plan.teacher_pass)} GB)" if plan.teacher else "")
+    return (f"{head}; plan: weights {memory.gb(plan.weights)} GB{teacher}, decoding {width} "
+            f"sequences at once, micro-batches of {micro} sequences, checkpointing "
             f"{t.grad_checkpoint}: peak about {memory.gb(plan.peak)} GB")
 
 
-def resolve(cfg: Config, model: Any, tasks: Sequence[Task], fmt: Callable[[Task], list[int]]
-            ) -> tuple[Config, str]:
+def resolve(cfg: Config, model: Any, tasks: Sequence[Task], fmt: Callable[[Task], list[int]],
+            teacher: Any = None) -> tuple[Config, str]:
     """(the config the run uses, the startup line), before the first step; ConfigError where
-    the run cannot fit its budget. On Apple silicon the wired limit is set here."""
+    the run cannot fit its budget (a distillation `teacher` model counted). On Apple silicon
+    the wired limit is set here."""
     budget, source = memory.device_budget(cfg.training.max_memory_gb)
     plan = None
     if cfg.model.backend == "mlx":
-        plan, _ = make_plan(cfg, model, longest_prompt(fmt, tasks), budget)
+        plan, _ = make_plan(cfg, model, longest_prompt(fmt, tasks), budget, teacher)
         memory.set_device_limits()
     run_cfg = resolved(cfg, plan, budget)
     return run_cfg, startup_line(plan, budget, source, run_cfg)

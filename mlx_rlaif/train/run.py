@@ -44,6 +44,7 @@ class Run:
     curriculum: Any = None  # data.curriculum.Curriculum, with data.curriculum
     world: World = field(default_factory=World)  # the data-parallel ranks (distributed.py)
     cores: Any = None  # rewards/exec/cores.Cores: the exec reward's limit beside decoding
+    teacher: Any = None  # backends/mlx/teacher.Teacher, with distill.kind teacher
 
     @property
     def sampling(self) -> SamplingParams:

@@ -25,11 +25,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..algo import advantages, overlong
+from ..algo.distill import combined
 from ..algo.gae import masked_gae, token_rewards, whiten
 from ..config import Config, prompts_per_step
 from ..faults import fault
 from ..records import Reward, Rollout, Task
 from ..rewards import signals as hacks
+from . import distill
 from .carry import Group
 from .draws import apart, flatten, groups_of
 from .dynamic import collect
@@ -52,8 +54,10 @@ def rl_step(run: Run, draw: Callable[..., list[Task]],
     t1 = t0 + gen.get("gen/seconds", 0.0)
     fault("update")
     scores = [rw.value for rw in rewards]
-    targets = (critic_targets(run, rollouts, scores, kl_penalty) if cfg.rl.advantage == "gae"
-               else group_targets(run, rollouts, scores, kl_penalty, keys))
+    dist = distill.terms(run, rollouts, rewards, keys)  # None: distill.kind off
+    targets = (critic_targets(run, rollouts, scores, kl_penalty, dist)
+               if cfg.rl.advantage == "gae"
+               else group_targets(run, rollouts, scores, kl_penalty, keys, dist))
     kept = [rollouts[i] for i in targets.keep]
     shard = run.world.shard([r.trained_tokens for r in kept])  # None on one machine
     upd, skipped = ops.update(run.policy, run.optimizer, kept, targets.adv, targets.ref, cfg,
@@ -71,7 +75,7 @@ def rl_step(run: Run, draw: Callable[..., list[Task]],
                "kl/penalty": kl_penalty, "optim/skipped": float(run.state.skipped),
                "time/generate": t1 - t0, "time/score": t2 - t1, "time/train": t3 - t2,
                "time/step": t3 - t0, **run.reward_fn.metrics(), **extra,
-               **overlong_metrics(cfg, rollouts)}
+               **overlong_metrics(cfg, rollouts), **(dist.metrics if dist else {})}
     if cfg.generation.max_turns > 1:
         metrics.update(turn_metrics(rollouts, rewards))
     return metrics, sample_records(run.state.step, rollouts, rewards, targets.summary.values)
@@ -81,8 +85,8 @@ def score(run: Run, rollouts: list[Rollout]) -> list[Reward]:
     """The rewards of the rollouts' (last) answers: on the task, or with several turns on its
     hidden tests, shaped by the number of turns taken (multiturn.shape)."""
     fault("score")
-    if hasattr(run.reward_fn, "step"):  # components: a user's function may take the step
-        run.reward_fn.step = run.state.step
+    if hasattr(run.reward_fn, "step"):  # components: a user's function may take the step,
+        run.reward_fn.step = run.state.step + 1  # numbered as batches.jsonl will number it
     gen, rl = run.cfg.generation, run.cfg.rl
     texts, G = [r.text for r in rollouts], gen.num_samples_per_prompt
     if gen.max_turns == 1:
@@ -122,10 +126,13 @@ def student_k1(rollouts: list[Rollout], k1: list[np.ndarray]) -> np.ndarray:
 
 
 def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
-                  kl_penalty: float, keys: list[str] | None = None) -> Targets:
+                  kl_penalty: float, keys: list[str] | None = None,
+                  dist: distill.Terms | None = None) -> Targets:
     """Group-baseline advantages (grpo, rloo, reinforce) over the groups `keys` names (one per
     draw; None: one per task); with the KL in the reward, the reward less kl_penalty times the
-    summed k1, and no KL term in the loss."""
+    summed k1, and no KL term in the loss. With distillation terms (`dist`), per-token
+    advantages (`with_terms`), and a completion with a term is trained on even where its
+    group's rewards carry no signal."""
     cfg, ops = run.cfg, run.ops
     keys = [r.task.id for r in rollouts] if keys is None else keys
     values, ref, kl = shaped(cfg, rollouts, scores), None, {}
@@ -139,15 +146,27 @@ def group_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
                              cfg.rl.scale, cfg.rl.whiten, cfg.rl.drop_zero_std,
                              run.state.reinforce_baseline, cfg.rl.reinforce_decay,
                              task_rewards=scores, reduce=run.world.reduce)
-    keep = [i for i in range(len(rollouts)) if adv.keep[i]
+    keep = [i for i in range(len(rollouts))
+            if (adv.keep[i] or (dist is not None and dist.per_token[i] is not None))
             and not (cfg.rl.mask_truncated and rollouts[i].truncated)]
     if kl_penalty > 0 and not cfg.rl.kl_in_reward and keep:
         ref = ops.reference(run.policy, [rollouts[i] for i in keep], cfg)
-    return Targets(keep, list(adv.values[keep]), ref, None, kl, adv)
+    seq = [adv.values[i] if adv.keep[i] else 0.0 for i in keep]
+    return Targets(keep, with_terms(cfg, rollouts, keep, seq, dist), ref, None, kl, adv)
+
+
+def with_terms(cfg: Config, rollouts: list[Rollout], keep: list[int], adv: list,
+               dist: distill.Terms | None) -> list:
+    """The kept rollouts' advantages `adv`, or with distillation terms one array per token:
+    distill.weight_reward times the advantage plus the term (algo/distill.py)."""
+    if dist is None:
+        return list(adv)
+    return [combined(a, dist.per_token[i], len(rollouts[i].tokens), cfg.distill.weight_reward)
+            for i, a in zip(keep, adv, strict=True)]
 
 
 def critic_targets(run: Run, rollouts: list[Rollout], scores: list[float | None],
-                   kl_penalty: float) -> Targets:
+                   kl_penalty: float, dist: distill.Terms | None = None) -> Targets:
     """PPO with a critic (rl.advantage gae): the value head's values of every kept completion
     token (a fresh head first set to this batch's mean reward), per-token rewards (the score on
     the last token; with the KL in the reward, -kl_penalty * k1 on each), GAE advantages
@@ -175,7 +194,8 @@ def critic_targets(run: Run, rollouts: list[Rollout], scores: list[float | None]
     mask[keep] = True
     kl = kl_mean(None if k1 is None else student_k1(kept, k1), reduce,
                  kl_penalty > 0 and rl.kl_in_reward)
-    return Targets(keep, adv, None if rl.kl_in_reward else ref,
+    return Targets(keep, with_terms(cfg, rollouts, keep, adv, dist),
+                   None if rl.kl_in_reward else ref,
                    {"returns": [ret for _, ret in per_seq], "old_values": values}, kl,
                    advantages.Advantages(summary, mask, np.zeros(len(rollouts), dtype=bool),
                                          valid, None))

@@ -46,6 +46,7 @@ from ..rewards.custom.contract import record_fields
 from ..rewards.exec.cores import Cores
 from ..rewards.exec.tasks import check_formats
 from .carry import restore_carry
+from .distill import load_teacher
 from .distributed import World
 from .distributed_metrics import SilentHub, check_same_weights, merge_eval
 from .evaluate import evaluate_tasks
@@ -195,6 +196,7 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     try:  # the reward's worker processes and pools end with a model that does not load
         ops = OPS[cfg.model.backend]()
         policy = ops.load(cfg)
+        teacher = load_teacher(cfg, policy)  # distill.kind teacher: loaded once, frozen
     except BaseException:
         reward_fn.close()
         raise
@@ -205,7 +207,8 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
     try:  # the memory plan: a run that cannot fit stops here
         user_cfg, (cfg, memory_line) = cfg, resolve(cfg, getattr(policy, "model", None),
                                                     tasks + eval_tasks,
-                                                    prompt_formatter(policy.tokenizer, cfg.model))
+                                                    prompt_formatter(policy.tokenizer, cfg.model),
+                                                    getattr(teacher, "model", None))
     except ConfigError:
         reward_fn.close()
         raise
@@ -245,7 +248,8 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         if world.rank == 0:  # the user's config: the memory plan is made again on resume
             write_text_atomic(run_dir / "config.yaml", dump(user_cfg))
         run = Run(cfg, ops, policy, optimizer, reward_fn, run_dir, state,
-                  prompt_formatter(policy.tokenizer, cfg.model), world=world, cores=cores)
+                  prompt_formatter(policy.tokenizer, cfg.model), world=world, cores=cores,
+                  teacher=teacher)
         check_same_weights(world, policy)
         d = cfg.data
         if d.curriculum:

@@ -258,9 +258,22 @@ def fixed_bytes(s: Shape) -> int:
     return s.weight_bytes + 5 * 4 * s.lora_params
 
 
-def peak_bytes(s: Shape, w: Work, width: int, rows: int, checkpoint: bool) -> int:
-    return fixed_bytes(s) + max(decode_bytes(s, w, width), reference_bytes(s, w, rows),
-                                update_bytes(s, w, rows, checkpoint))
+def peak_bytes(s: Shape, w: Work, width: int, rows: int, checkpoint: bool,
+               teacher: Shape | None = None) -> int:
+    """A step's peak; with a `teacher` (distill.kind teacher) its weights always held and its
+    forward over a micro-batch (the reference pass's, at its shapes) one phase more."""
+    return fixed_bytes(s) + teacher_weights(teacher) + max(
+        decode_bytes(s, w, width), reference_bytes(s, w, rows),
+        update_bytes(s, w, rows, checkpoint), teacher_pass_bytes(teacher, w, rows))
+
+
+def teacher_weights(t: Shape | None) -> int:
+    return 0 if t is None else t.weight_bytes
+
+
+def teacher_pass_bytes(t: Shape | None, w: Work, rows: int) -> int:
+    """The teacher's forward over a micro-batch of `rows` (0 without a teacher)."""
+    return 0 if t is None else reference_bytes(t, w, rows)
 
 
 # --- the plan -------------------------------------------------------------------------------------
@@ -276,27 +289,33 @@ class Plan:
     weights: int
     decode: int
     update: int
+    teacher: int = 0  # a distillation teacher's weights (distill.kind teacher)
+    teacher_pass: int = 0  # ... and its forward over a micro-batch
 
 
 def plan(s: Shape, w: Work, budget: int, decode_width: int = 0, micro_batch: int = 0,
-         checkpoint: str = "auto") -> Plan:
+         checkpoint: str = "auto", teacher: Shape | None = None) -> Plan:
     """The decode width, micro-batch size and checkpointing a run takes within `budget` bytes;
     a value the config sets (not 0 / auto) is kept and checked. ConfigError where nothing fits,
-    naming the setting to change."""
-    base = fixed_bytes(s)
+    naming the setting to change. A distillation `teacher`'s weights are held beside the
+    student's, and its forward over a micro-batch must fit as the update's does."""
+    base = fixed_bytes(s) + teacher_weights(teacher)
     w = replace(w, chunk_mb=logits_chunk_mb(budget))
     if base >= budget:
         raise ConfigError(f"the model's weights and adapters take {gb(base)} GB, over the "
                           f"memory budget of {gb(budget)} GB: quantize the base "
-                          "(model.quantize: 4) or raise training.max_memory_gb")
+                          "(model.quantize: 4" + (", distill.teacher_quantize: 4" if teacher
+                                                  else "") + ") or raise training.max_memory_gb")
     width = pick_width(s, w, budget - base, decode_width)
     options = {"auto": (False, True), "on": (True,), "off": (False,)}[checkpoint]
     for ck in options:
         bounded = checkpoint == "auto" and not ck  # a row over the aim: checkpointing instead
-        rows = pick_rows(s, w, budget - base, micro_batch, ck, bounded, activation_aim(budget))
+        rows = pick_rows(s, w, budget - base, micro_batch, ck, bounded, activation_aim(budget),
+                         teacher)
         if rows:
-            return Plan(budget, width, rows, ck, peak_bytes(s, w, width, rows, ck),
-                        s.weight_bytes, decode_bytes(s, w, width), update_bytes(s, w, rows, ck))
+            return Plan(budget, width, rows, ck, peak_bytes(s, w, width, rows, ck, teacher),
+                        s.weight_bytes, decode_bytes(s, w, width), update_bytes(s, w, rows, ck),
+                        teacher_weights(teacher), teacher_pass_bytes(teacher, w, rows))
     need = base + update_bytes(s, w, micro_batch or 1, options[-1])
     fix = ("lower training.micro_batch_size" if micro_batch > 1 else
            "set training.grad_checkpoint to auto or on" if checkpoint == "off" else
@@ -324,12 +343,14 @@ def pick_width(s: Shape, w: Work, room: int, width: int) -> int:
 
 
 def pick_rows(s: Shape, w: Work, room: int, rows: int, checkpoint: bool,
-              bounded: bool = False, aim: int = ACTIVATION_TARGET) -> int:
+              bounded: bool = False, aim: int = ACTIVATION_TARGET,
+              teacher: Shape | None = None) -> int:
     """The micro-batch size: `rows` if set and it fits (else 0), else the most rows up to the
     update's that fit `room` with kept activations under `aim` (activation_aim): at least one,
     or, `bounded`, none where one row's are over it."""
     def fits(n: int) -> bool:
-        return max(update_bytes(s, w, n, checkpoint), reference_bytes(s, w, n)) <= room
+        return max(update_bytes(s, w, n, checkpoint), reference_bytes(s, w, n),
+                   teacher_pass_bytes(teacher, w, n)) <= room
 
     if rows:
         return rows if fits(min(rows, w.train_rows)) else 0

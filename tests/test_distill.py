@@ -1,0 +1,288 @@
+"""Distillation (distill.kind teacher | self): the per-token term in the numpy reference objective
+(hand-computed numbers) and the trainer's path against it, the teacher's tokenizer check at
+load, the self-distillation context, the config's refusals, and a 2-step `mlx-rlaif train` run
+of each kind writing distill/kl to batches.jsonl.
+
+Not covered: whether distillation learns faster than GRPO (issue 58's measurements).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import reference_objective as ref
+from conftest import TEST_DTYPE
+from train_cli import command, run_cli
+
+from mlx_rlaif.algo import distill as algo
+from mlx_rlaif.algo.aggregation import aggregation_weights, loss_aggregation
+from mlx_rlaif.backends.batch import build
+from mlx_rlaif.config import batch_sequences, check, load
+from mlx_rlaif.errors import ConfigError, UsageError
+from mlx_rlaif.records import Reward, Rollout, Task
+from mlx_rlaif.testing.randmodel import make_model_dir, make_tokenizer
+from mlx_rlaif.train.distill import Terms, context, contexts
+from mlx_rlaif.train.step import critic_targets, group_targets
+
+
+def hand_batch() -> list[ref.Seq]:
+    """One group of two: A (score 1) with two tokens, B (score 0) with one; the policy is the
+    sampler (ratio 1)."""
+    def seq(score: float, old: list[float], teacher: list[float]) -> ref.Seq:
+        n = len(old)
+        return ref.Seq(group=0, score=score, old=np.array(old), logp=np.array(old),
+                       ref=np.array(old), mask=np.ones(n), entropy=np.ones(n),
+                       teacher=np.array(teacher))
+    return [seq(1.0, [-1.0, -2.0], [-0.5, -3.0]), seq(0.0, [-1.0], [-1.2])]
+
+
+@pytest.mark.parametrize("clip, loss, grad", [
+    # A_A = A_B = +-0.5 / 0.500001; d = 0.5 (teacher - old): A [0.25, -0.5], B [-0.1];
+    # A_t = 0.5 A + d; at ratio 1 the loss is -sum_t A_t / 3 and d loss / d logp_t = -A_t / 3
+    (0.0, -(0.999998 - 0.499999 - 0.35) / 3, [[-0.749999 / 3, 0.000001 / 3], [0.599999 / 3]]),
+    # clip 0.3: A's second term -0.5 -> -0.3
+    (0.3, -(0.999998 - 0.499999 - 0.15) / 3, [[-0.749999 / 3, -0.199999 / 3], [0.599999 / 3]]),
+])
+def test_the_reference_objective_has_the_distillation_term(clip, loss, grad):
+    """Failing first (before the term existed: Seq took no teacher log-probs): coef 0.5,
+    weight_reward 0.5, GRPO, token-mean, numbers worked out by hand."""
+    o = ref.Options(kl="off", distill_coef=0.5, distill_clip=clip, weight_reward=0.5)
+    got = ref.objective(hand_batch(), o)
+    assert got.loss == pytest.approx(loss, abs=1e-6)
+    for g, want in zip(got.d_logp, grad, strict=True):
+        np.testing.assert_allclose(g, want, atol=1e-6)
+    assert ref.distill_kl(hand_batch()) == pytest.approx(0.7 / 3)  # old - teacher: -0.5, 1, 0.2
+
+
+def test_the_algo_terms_are_the_hand_numbers():
+    d = algo.token_terms(np.array([-0.5, -3.0, -1.0]), np.array([-1.0, -2.0, -5.0]),
+                         (1, 1, 0), 0.5, 0.3)
+    np.testing.assert_allclose(d, [0.25, -0.3, 0.0], atol=1e-7)
+    np.testing.assert_allclose(algo.combined(2.0, d, 3, 0.5), [1.25, 0.7, 1.0], atol=1e-7)
+    np.testing.assert_allclose(algo.combined(2.0, None, 2, 0.0), [0.0, 0.0])
+    k = algo.reverse_kl([np.array([-0.5, -3.0])], [np.array([-1.0, -2.0])], [None])
+    assert algo.kl_metrics(k)["distill/kl"] == pytest.approx(0.25)
+
+
+# --- the trainer's path against the reference ----------------------------------------------
+
+P, G, MAX_NEW = 2, 3, 8
+ROWS = [  # (advantage, ratio level, loss, turns, off-policy, weight_reward, clip, kl)
+    ("grpo", "token", "ppo", 1, False, 0.5, 0.0, "off"),
+    ("rloo", "token", "cispo", 2, True, 0.0, 0.3, "loss"),
+    ("gae", "token", "ppo", 2, True, 1.0, 0.0, "reward"),
+    ("grpo", "sequence", "ppo", 1, True, 1.0, 0.5, "loss"),
+    ("reinforce", "token", "ppo", 2, False, 0.3, 0.0, "off"),
+]
+
+
+def random_batch(row: tuple, seed: int) -> list[ref.Seq]:
+    adv, _, _, turns, off, *_ = row
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for i in range(P * G):
+        mask = np.ones(int(rng.integers(1, 7)))
+        if turns == 2 and i % 2 == 0:
+            mask = np.concatenate([mask, np.zeros(int(rng.integers(1, 4))),
+                                   np.ones(int(rng.integers(1, 5)))])
+        n, fb = len(mask), mask == 0
+        old = f32(np.where(fb, 0.0, rng.normal(-1.5, 0.5, n)))
+        logp = f32(np.where(fb, rng.normal(-2, 1, n), old + (rng.normal(0, 0.2, n) if off
+                                                             else 0.0)))
+        seqs.append(ref.Seq(group=i // G, score=float(f32(rng.uniform())), old=old, logp=logp,
+                            ref=f32(old + rng.normal(0, 0.3, n)), mask=mask,
+                            entropy=f32(rng.uniform(0.5, 3.0, n)),
+                            old_values=f32(rng.uniform(0, 1, n)), values=np.zeros(n),
+                            teacher=f32(np.where(fb, rng.normal(-2, 1, n),
+                                                 old + rng.normal(0, 0.8, n)))))
+        seqs[-1].values = f32(seqs[-1].old_values + rng.normal(0, 0.3, n))
+    return seqs
+
+
+def f32(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).astype(np.float64)
+
+
+def row_config(row: tuple):
+    adv, level, loss, turns, off, weight, clip, kl = row
+    return check(load(None, [
+        f"rl.advantage={adv}", f"rl.scale={'batch' if adv == 'reinforce' else 'group'}",
+        f"rl.ratio_level={level}", f"rl.loss={loss}", f"generation.max_turns={turns}",
+        f"rl.num_iterations={2 if off else 1}", f"rl.kl_penalty={0 if kl == 'off' else 0.1}",
+        f"rl.kl_in_reward={str(kl == 'reward').lower()}", "rl.drop_zero_std=false",
+        f"generation.num_samples_per_prompt={G}", f"training.batch_size={P}",
+        f"generation.max_new_tokens={MAX_NEW}", "distill.kind=teacher", "distill.teacher=x",
+        "distill.coef=0.7", f"distill.clip={clip}", f"distill.weight_reward={weight}"]))
+
+
+def rollout_of(s: ref.Seq, i: int) -> Rollout:
+    return Rollout(Task(f"t{s.group}", "p"), tuple(range(3, 5 + i % 3)),
+                   tuple(range(20, 20 + len(s.mask))), tuple(s.old.tolist()), "x", "stop", 1.0,
+                   tuple(int(m) for m in s.mask) if (s.mask == 0).any() else None)
+
+
+@pytest.mark.parametrize("seed, row", list(enumerate(ROWS)), ids=[r[0] + r[1] for r in ROWS])
+def test_the_trainer_adds_the_term_as_the_reference_does(seed, row):
+    import mlx.core as mx
+
+    from mlx_rlaif.algo.objective import objective
+
+    cfg = row_config(row)
+    d = cfg.distill
+    seqs = random_batch(row, seed)
+    o = ref.Options(advantage=row[0], ratio_level=row[1], loss=row[2], kl=row[7],
+                    kl_penalty=0.1, max_new_tokens=MAX_NEW, batch_sequences=P * G,
+                    distill_coef=d.coef, distill_clip=d.clip, weight_reward=d.weight_reward)
+    want = ref.objective(seqs, o)
+    rollouts = [rollout_of(s, i) for i, s in enumerate(seqs)]
+    by_id = {id(r): s for r, s in zip(rollouts, seqs, strict=True)}
+    ops = SimpleNamespace(reference=lambda p, rs, c: [by_id[id(r)].ref for r in rs],
+                          values=lambda p, rs, c, mean: [by_id[id(r)].old_values for r in rs])
+    run = SimpleNamespace(cfg=cfg, ops=ops, policy=None, world=SimpleNamespace(reduce=None),
+                          state=SimpleNamespace(reinforce_baseline=0.0))
+    terms = Terms([algo.token_terms(s.teacher, s.old, r.mask, d.coef, d.clip)
+                   for s, r in zip(seqs, rollouts, strict=True)], {})
+    penalty = cfg.rl.kl_penalty
+    targets = (critic_targets(run, rollouts, [s.score for s in seqs], penalty, terms)
+               if row[0] == "gae" else
+               group_targets(run, rollouts, [s.score for s in seqs], penalty, None, terms))
+    assert targets.keep == list(range(len(seqs)))
+    w = aggregation_weights([r.trained_tokens for r in rollouts], loss_aggregation(cfg.rl),
+                            MAX_NEW, batch_sequences(cfg))
+    mb = build(rollouts, targets.adv, w, targets.ref,
+               fields={**(targets.critic or {}), "logp": [s.logp for s in seqs],
+                       "values": [s.values for s in seqs]})
+    lp, v = mx.array(mb.pop("logp")), mx.array(mb.pop("values"))
+    arrays = {k: mx.array(x) for k, x in mb.items()}
+
+    def loss(lp):
+        return objective(lp, mx.zeros_like(lp), arrays, cfg.rl, penalty,
+                         values=v if row[0] == "gae" else None)
+
+    (total, _), grad = mx.value_and_grad(loss)(lp)
+    assert total.item() == pytest.approx(want.loss, rel=1e-4, abs=1e-6)
+    grad = np.array(grad)
+    for i, (r, e) in enumerate(zip(rollouts, want.d_logp, strict=True)):
+        start = len(r.prompt_tokens) - 1
+        np.testing.assert_allclose(grad[i, start: start + len(r.tokens)], e, rtol=1e-4,
+                                   atol=1e-6)
+
+
+def test_a_completion_without_a_term_keeps_its_group_rule():
+    """Self-distillation: a completion without context has no term, so a zero-variance group's
+    completions without one stay out of the loss; one with a term is trained on."""
+    cfg = check(load(None, ["distill.kind=self", "generation.num_samples_per_prompt=2",
+                            "training.batch_size=1"]))
+    rollouts = [Rollout(Task("t", "p"), (1, 2), (3, 4), (-1.0, -1.0), "x", "stop", 1.0)
+                for _ in range(2)]
+    run = SimpleNamespace(cfg=cfg, ops=None, policy=None, world=SimpleNamespace(reduce=None),
+                          state=SimpleNamespace(reinforce_baseline=0.0))
+    terms = Terms([None, np.array([0.2, -0.1], np.float32)], {})
+    t = group_targets(run, rollouts, [0.0, 0.0], 0.0, None, terms)
+    assert t.keep == [1]
+    np.testing.assert_allclose(t.adv[0], [0.2, -0.1])
+
+
+# --- self-distillation's context ------------------------------------------------------------
+
+
+def exec_reward(passed: list[bool], value: float) -> Reward:
+    return Reward(value, details={"tests": [{"passed": p, "reason": None if p else "wrong",
+                                             "got": "0"} for p in passed]})
+
+
+def test_the_context_holds_the_trusted_report_a_critique_and_a_passing_sibling():
+    task = Task("t", "Write f.", entry_point="f",
+                tests=({"args": [1], "expected": 2}, {"args": [2], "expected": 4}))
+    failed = Reward(0.5, details={"exec": exec_reward([True, False], 0.5).details,
+                                  "teacher": {"rationale": "off by one"}})
+    ok = exec_reward([True, True], 1.0)
+    rollouts = [Rollout(task, (1,), (2,), (-1.0,), text, "stop", 1.0)
+                for text in ("print('ALL TESTS PASSED')", "def f(x): return 2 * x")]
+    texts = contexts(rollouts, [failed, ok], [task, task], ["t", "t"],
+                     ("feedback", "critique", "sibling"), 600)
+    assert "f(2) should return 4, got 0" in texts[0] and "off by one" in texts[0]
+    assert "def f(x): return 2 * x" in texts[0]
+    assert "ALL TESTS PASSED" not in texts[0]  # the student's own output never goes in
+    assert texts[1] == ""  # passed, and its only sibling did not
+    assert context(task, ok, "def f(x): ...", True, True, 600).count("A correct solution") == 1
+    assert contexts(rollouts, [failed, ok], [task, task], ["t", "t"], ("critique",), 600)[0] \
+        .startswith("A reviewer's critique")
+
+
+# --- config -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sets, keys", [
+    (("distill.kind=teacher",), ("distill.kind", "distill.teacher")),
+    (("distill.kind=self", "model.backend=torch"), ("distill.kind", "model.backend")),
+    (("distill.kind=self", "reward.type=syntax"), ("distill.kind", "reward.type")),
+])
+def test_a_refusal_is_one_line_naming_both_options(sets, keys):
+    with pytest.raises(ConfigError) as e:
+        check(load(None, list(sets)))
+    assert all(k in str(e.value) for k in keys) and "\n" not in str(e.value)
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """A student (micro shape), a teacher with the same tokenizer (other random weights) and a
+    model whose tokenizer was trained on other text."""
+    root = tmp_path_factory.mktemp("distill")
+    other = make_model_dir(root / "other", "micro", seed=2, dtype=TEST_DTYPE)
+    make_tokenizer(other, 512, ["print(1)\n", "while True: pass\n"])
+    return {"student": make_model_dir(root / "student", "micro", seed=3, dtype=TEST_DTYPE),
+            "teacher": make_model_dir(root / "teacher", "micro", seed=11, dtype=TEST_DTYPE),
+            "other": other}
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_at_load_in_one_line(models):
+    from mlx_lm import load as mlx_load
+
+    from mlx_rlaif.backends.mlx.teacher import load_teacher
+
+    _, student_tok = mlx_load(str(models["student"]))
+    with pytest.raises(UsageError) as e:
+        load_teacher(str(models["other"]), student_tok, str(models["student"]))
+    text = str(e.value)
+    assert "\n" not in text and str(models["other"]) in text and "tokenizer" in text
+    assert str(models["student"]) in text  # both tokenizers named
+    assert load_teacher(str(models["teacher"]), student_tok, str(models["student"])).split
+
+
+RUN = ("data.train_file=suite:synthetic-train", "data.languages=[python]",
+       "data.difficulties=[easy]", "reward.type=exec", "generation.max_new_tokens=12")
+
+
+@pytest.mark.parametrize("kind", ["teacher", "self"])
+def test_two_steps_write_distill_kl_to_batches_jsonl(models, tmp_path, kind):
+    """`mlx-rlaif train` as a user runs it, 2 steps of each kind: distill/kl (and for self the
+    share of completions with context) in every line of batches.jsonl; the teacher's weights
+    in the memory plan's startup line."""
+    extra = [f"distill.kind={kind}", *RUN]
+    if kind == "teacher":
+        extra += [f"distill.teacher={models['teacher']}", "distill.weight_reward=0"]
+    else:
+        extra += ["distill.self_adapters=reference", "distill.clip=2"]
+    out = tmp_path / "run"
+    cmd = command(models["student"], Path("unused"), out, 2, *extra)
+    cmd[cmd.index("--train-file") + 1] = "suite:synthetic-train"
+    proc = run_cli(cmd, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [json.loads(x) for x in (out / "batches.jsonl").read_text().splitlines()]
+    assert len(lines) == 2
+    for m in lines:
+        assert np.isfinite(m["distill/kl"]) and m["distill/kl_p90"] >= m["distill/kl"] - 1e-6
+        assert m["distill/seconds"] > 0
+        assert ("distill/frac_context" in m) == (kind == "self")
+    if kind == "self":  # the random student passes nothing: every completion has feedback
+        assert all(m["distill/frac_context"] == 1.0 for m in lines)
+    else:
+        assert "+ teacher 0.00 GB" in proc.stdout + proc.stderr  # the memory plan counts it
