@@ -32,7 +32,7 @@ from typing import Any
 
 from ..assets import QUICKSTART
 from ..config import Config, load
-from ..errors import ConfigError, RlaifError
+from ..errors import ConfigError, RlaifError, UsageError
 
 HELP = ("Check the device, BLAS, the sandbox, the memory plan and a 2-step probe of a config "
         "before a long run.")
@@ -209,6 +209,7 @@ def memory_report(cfg: Config) -> bool:
     from ..backends.sampling import prompt_formatter
     from ..data import load_tasks
     from ..train import memory_plan
+    from ..train.distill import load_teacher
 
     budget, source = memory.device_budget(cfg.training.max_memory_gb)
     head = f"budget {memory.gb(budget)} GB ({source})"
@@ -219,14 +220,17 @@ def memory_report(cfg: Config) -> bool:
     tasks = load_tasks(d.train_file, d.languages, d.max_tasks, d.difficulties)
     policy = OPS["mlx"]().load(cfg)
     fmt = prompt_formatter(policy.tokenizer, cfg.model)
+    teacher = None
     try:
+        teacher = load_teacher(cfg, policy)  # distill.kind teacher: its weights and forward
         plan, shape = memory_plan.make_plan(cfg, policy.model, memory_plan.longest_prompt(
-            fmt, tasks), budget)
-    except ConfigError as e:
-        say("memory", f"{head}: DOES NOT FIT: {e}")
+            fmt, tasks), budget, getattr(teacher, "model", None))
+    except (ConfigError, UsageError) as e:
+        say("memory", f"{head}: DOES NOT FIT: {e}" if isinstance(e, ConfigError)
+            else f"{head}: {e}")
         return False
     finally:
-        del policy
+        del policy, teacher
         gc.collect()
     if plan is None:
         say("memory", f"{head}; no plan (the model's shapes are unknown)")
@@ -241,10 +245,12 @@ def breakdown(plan: Any, shape: Any) -> str:
     from ..backends.mlx import memory
 
     adapters = memory.fixed_bytes(shape) - shape.weight_bytes
+    teacher = (f" + teacher weights {memory.gb(plan.teacher)} GB" if plan.teacher else "")
+    forward = (f", teacher forward {memory.gb(plan.teacher_pass)} GB" if plan.teacher else "")
     return (f"weights {memory.gb(plan.weights)} GB + adapters and AdamW "
-            f"{memory.gb(adapters)} GB + the largest phase: decoding {memory.gb(plan.decode)} "
-            f"GB, update {memory.gb(plan.update)} GB = {memory.gb(plan.peak)} GB of "
-            f"{memory.gb(plan.budget)} GB")
+            f"{memory.gb(adapters)} GB{teacher} + the largest phase: decoding "
+            f"{memory.gb(plan.decode)} GB, update {memory.gb(plan.update)} GB{forward} = "
+            f"{memory.gb(plan.peak)} GB of {memory.gb(plan.budget)} GB")
 
 
 def probe_config(cfg: Config, out: str, steps: int) -> Config:
