@@ -4,12 +4,15 @@ training and an evaluation task file.
     data convert --from mbpp|mbpp-plus|apps|taco|codecontests|livecodebench|humaneval IN
         --out OUT.jsonl [--language python|cpp|rust] [--id-prefix P] [--max-tests N] [--check]
     data overlap TRAIN EVAL [--n 8] [--threshold 0.5] [--json REPORT.json] [--show N]
+    data from-repo PATH --out OUT.jsonl [--test-command CMD] [--python EXE] [--timeout S]
+        [--eval-frac F] [--min-mutation-score 0.6] [--max-mutants N] [--context-lines N] ...
 
 `convert` reads IN (JSONL, Parquet or a `datasets.save_to_disk` folder in the set's published
 layout), writes OUT.jsonl whole or not at all, and lists every record it skipped with the
 reason, also in OUT.skipped.jsonl. With `--check` each task's reference solution runs through
 the exec reward (reward.exec settings from --config/--set) and a task whose reference fails
-is skipped too. `overlap` reads any two task specs `load_tasks` reads.
+is skipped too. `overlap` reads any two task specs `load_tasks` reads. `from-repo` turns a Python
+repository and its own tests into verified tasks (mlx_rlaif/data/from_repo; docs/data.md).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pathlib import Path
 from ..errors import UsageError
 from ..terminal import visible
 
-HELP = "Convert public code sets (MBPP, APPS, ...) into task files; check train/eval overlap."
+HELP = ("Convert public code sets (MBPP, APPS, ...) into task files; tasks from your own "
+        "repository; check train/eval overlap.")
 SHOWN = 20  # skipped records and matches printed (all are in the files)
 
 
@@ -45,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--config", help="YAML config whose reward.exec settings --check uses")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     c.set_defaults(_data=run_convert)
+    add_from_repo(sub)
     o = sub.add_parser("overlap", help="n-gram overlap of prompts and solutions, duplicate tests")
     o.add_argument("train", metavar="TRAIN", help="training tasks (JSONL, suite:NAME, ...)")
     o.add_argument("eval", metavar="EVAL", help="evaluation tasks")
@@ -160,3 +165,96 @@ def run_overlap(args: argparse.Namespace) -> int:
         atomic_write(args.json, json.dumps(rep, indent=2) + "\n")
         print(f"report: {args.json}")
     return 0
+
+
+# --- from-repo ----------------------------------------------------------------------------------
+
+
+def add_from_repo(sub) -> None:
+    r = sub.add_parser("from-repo", help="a Python repository and its tests into verified tasks")
+    r.add_argument("path", metavar="PATH", type=Path, help="the repository (read, never written)")
+    r.add_argument("--out", required=True, type=Path, metavar="OUT.jsonl")
+    r.add_argument("--eval-out", type=Path, metavar="EVAL.jsonl",
+                   help="held-out tasks with --eval-frac (default: OUT.eval.jsonl)")
+    r.add_argument("--test-command", default="python -m pytest -x -q",
+                   help="how the repository's tests run, from its root (a leading `python` is "
+                        "--python)")
+    r.add_argument("--python", default=None, metavar="EXE",
+                   help="the interpreter whose packages the repository needs (default: this one)")
+    r.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="the test command is killed after S seconds (default 600)")
+    r.add_argument("--max-calls", type=int, default=20, metavar="N",
+                   help="distinct calls recorded per function (default 20)")
+    r.add_argument("--max-tests", type=int, default=10, metavar="N",
+                   help="recorded calls kept as checks per task (default 10)")
+    r.add_argument("--context-lines", type=int, default=200, metavar="N",
+                   help="the module in the prompt cut to N lines around the function (0: whole)")
+    r.add_argument("--max-mutants", type=int, default=20, metavar="N",
+                   help="mutants per function for the mutation score (default 20)")
+    r.add_argument("--min-mutation-score", type=float, default=0.6, metavar="F",
+                   help="drop tasks whose checks kill fewer mutants (default 0.6)")
+    r.add_argument("--eval-frac", type=float, default=0.0, metavar="F",
+                   help="hold out whole modules, about F of the tasks, into --eval-out")
+    r.add_argument("--id-prefix", default="", help="task ids are PREFIX<file>::<function> "
+                   "(default: the repository's directory name and a colon)")
+    r.add_argument("--config", help="YAML config whose reward.exec settings the gate uses")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    r.set_defaults(_data=run_from_repo)
+
+
+def run_from_repo(args: argparse.Namespace) -> int:
+    import sys
+
+    from ..config import load
+    from ..data.from_repo import Options, build
+    from ..rewards.exec import ExecReward
+
+    if args.out.suffix != ".jsonl":
+        raise UsageError(f"--out {args.out}: write a .jsonl file")
+    if not 0 <= args.eval_frac < 1 or not 0 <= args.min_mutation_score <= 1:
+        raise UsageError("--eval-frac must be in [0, 1) and --min-mutation-score in [0, 1]")
+    if min(args.max_calls, args.max_tests, args.max_mutants) < 1 or args.timeout <= 0:
+        raise UsageError("--max-calls, --max-tests and --max-mutants must be at least 1, "
+                         "--timeout above 0")
+    repo = args.path.resolve()
+    out = args.out.resolve()
+    if out.is_relative_to(repo):
+        raise UsageError(f"--out {args.out}: inside the repository, which is never written")
+    opts = Options(repo, args.test_command, args.python or sys.executable, args.timeout,
+                   args.max_calls, args.max_tests, args.context_lines, args.max_mutants,
+                   args.min_mutation_score, args.eval_frac, args.id_prefix)
+    cfg = load(args.config, [*args.set, "reward.exec.cache_size=0"])  # the gate runs twice
+    reward = ExecReward(cfg.reward.exec, languages={"python"})
+    try:
+        done = build(opts, reward.score, say=lambda m: print(visible(m, lines=False)))
+    finally:
+        reward.close()
+    eval_path = args.eval_out or out.with_name(out.stem + ".eval.jsonl")
+    write_lines(out, done["train"])
+    if done["eval"]:
+        write_lines(eval_path, done["eval"])
+    summary_path = out.with_name(out.stem + ".summary.json")
+    from ..metrics.jsonl import atomic_write
+
+    atomic_write(summary_path, json.dumps(done["summary"], indent=2) + "\n")
+    print_summary(done["summary"], out, eval_path if done["eval"] else None, summary_path)
+    return 0
+
+
+def print_summary(s: dict, out: Path, eval_path: Path | None, summary_path: Path) -> None:
+    print(f"functions: {s['functions_found']} module-level found ({s['methods_and_nested']} "
+          f"methods and nested functions not covered), {s['called']} called by the tests, "
+          f"{s['not_called']} not called; {s['tasks_built']} tasks built, {s['kept']} kept")
+    for why, n in sorted(s["dropped"].items(), key=lambda kv: -kv[1]):
+        print(f"  dropped {n}: {why}")
+    if s["checks_dropped"]:
+        print(f"  {s['checks_dropped']} single checks dropped: the original fails them here")
+    for label, key in (("measured", "mutation_scores"), ("kept", "kept_mutation_scores")):
+        d = s[key]
+        if d.get("n"):
+            hist = " ".join(f"{k}:{v}" for k, v in d["histogram"].items() if v)
+            print(f"mutation score ({label}, {d['n']} tasks): min {d['min']:.2f} median "
+                  f"{d['median']:.2f} mean {d['mean']:.2f}; {hist}")
+    print(f"{s['train']} tasks in {out}" + (f", {s['eval']} held out (whole modules) in "
+                                            f"{eval_path}" if eval_path else "")
+          + f"; summary {summary_path}; {s['seconds']:.1f} s")

@@ -197,6 +197,9 @@ def _signame(sig: int) -> str:
 # --- the sandbox ---------------------------------------------------------------------------
 
 
+_RO_LOCK = threading.Lock()  # Sandbox.also_read
+
+
 class Sandbox:
     """Starts isolated runs. Thread-safe: runs from many threads at once are independent.
 
@@ -221,6 +224,24 @@ class Sandbox:
         self._uids = UidPool(uid_base, slots) if self.root else None
         self._sweep: set[int] = set()  # uids whose run was killed without its own cleanup
         self._slots = threading.BoundedSemaphore(max(1, slots))
+
+    def also_read(self, paths: Sequence[str]) -> None:
+        """Let later runs read (never write) `paths` too: bound read-only under bwrap, readable
+        under seatbelt's profile; in process mode file permissions decide, as for any path. A
+        repository task's repository and its interpreter's packages (rewards/exec/repo.py)."""
+        with _RO_LOCK:
+            known = list(self._ro)
+            for p in sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)}):
+                if not any(Path(p).is_relative_to(k) for k in known):  # nested binds: the outer
+                    known = [known[0], *(k for k in known[1:] if not Path(k).is_relative_to(p)), p]
+            if tuple(known) == self._ro:
+                return
+            self._ro = tuple(known)
+            if self.mode == "seatbelt":  # as in __init__
+                dev = seatbelt.developer_dir()
+                self._exec_dirs = [*seatbelt.interpreter_dirs(self._ro[0], self.python),
+                                   *self._ro[1:], *([dev] if dev else [])]
+                self._profile = seatbelt.profile(len(self._exec_dirs))
 
     def describe(self) -> str:
         who = "own uid per slot" if self.root else f"uid {os.geteuid()}"

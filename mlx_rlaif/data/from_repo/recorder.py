@@ -45,8 +45,11 @@ functions = {}  # (file, name) -> record
 skipped = {}  # reason -> count of functions
 
 
-def is_test_file(path):
-    rel = path[len(REPO):]
+def is_test_file(path, root=None):
+    """Whether `path` (real, under the repository `root`, which ends with a separator) is test
+    code: test_*.py, *_test.py, conftest.py, or under a tests/test/testing directory."""
+    root = REPO if root is None else root
+    rel = path[len(root):] if path.startswith(root) else path
     parts = rel.split(os.sep)
     base = parts[-1]
     return (base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"

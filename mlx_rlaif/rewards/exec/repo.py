@@ -31,7 +31,7 @@ import ast
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-PREFIX = "__mlx_rlaif_"
+PREFIX = "_mlx_rlaif_"  # no leading "__": names in a class body would be mangled
 
 
 def is_repo_task(meta: Mapping[str, Any]) -> bool:

@@ -77,6 +77,7 @@ from . import harness as wire
 from . import pch
 from . import signals as hacks
 from .cores import Cores
+from .repo import is_repo_task, read_paths
 from .tasks import (
     Unscorable,
     instrument_check,
@@ -310,6 +311,8 @@ class ExecReward:
             program = extract_code(completion, task.language)
         n = len(task.tests) if fmt != "humaneval" else len(instrument_check(task.test)[1]) or 1
         found: list[dict[str, str]] = []  # runtime hacking signals (signals.py)
+        if is_repo_task(task.meta):  # its repository readable, never writable (repo.py)
+            self.sandbox.also_read(read_paths(task.meta["repo"]))
         with self.sandbox.box() as box:
             # a completion with no code of its own must not earn the build credit of the
             # prompt's stub (an empty answer to a HumanEval-style prompt parses)

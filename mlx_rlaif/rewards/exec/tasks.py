@@ -20,6 +20,7 @@ from ...config import ExecConfig
 from ...errors import DataError
 from ...records import Reward, Task, extract_code
 from ...sandbox import RunResult
+from .repo import is_repo_task, student_program
 
 # Parsing student code must not print its SyntaxWarnings ("invalid decimal literal", invalid
 # escapes) on the trainer's terminal: they are the student's, attributed to `<unknown>`.
@@ -71,6 +72,8 @@ def python_program(task: Task, completion: str) -> str:
     """The Python to run: the extracted code, completed with the prompt where needed, after the
     task's preamble."""
     code = extract_code(completion, "python")
+    if is_repo_task(task.meta):  # the student's function put back into its module (repo.py)
+        return student_program(task.meta["repo"], task.entry_point or "", code)
     ep = (task.entry_point or "").split(".")[0]  # `Solution.method`: the class
     prompt_code = _parse(task.prompt)
     if not ep or prompt_code is None or not _defines(prompt_code, ep):
