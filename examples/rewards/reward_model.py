@@ -6,6 +6,8 @@ number in (0, 1]), computed with mlx-lm. Serve it, on this machine or another on
         --kwarg model=builtin:tiny-coder
 
 and point a component at it: `{kind: server, url: "http://127.0.0.1:8400/", weight: 0.2}`.
+Which model is loaded is the operator's choice alone (`--kwarg model=...`, or the default
+here): a request cannot set `model`, neither as a kwarg nor through a record's field.
 A reward model of another kind (a sequence classifier) fits the same shape: load it once in
 `_model`, return one number per completion from `score`.
 """

@@ -5,12 +5,19 @@ The function is loaded and its signature checked before the server starts (one l
 when it cannot be). It binds 127.0.0.1 unless `--host` says otherwise, prints the URL it
 serves on (with `--port 0`, the port the system picked), and runs until Ctrl-C.
 
-Not covered: authentication, TLS (put it behind your own proxy for another network).
+The operator's `--kwarg` are fixed: a request may set only the keys `--request-kwarg` names
+(none of the operator's), and nothing in a request chooses a function's default (a model, a
+path). With a token (`--token`, or MLX_RLAIF_REWARD_TOKEN in the environment) every request
+must carry it (`Authorization: Bearer`, which the client sends from the same variable); it is
+never printed. Host, Origin and Content-Type are checked (rewards/custom/server.py).
+
+Not covered: TLS (put it behind your own proxy for another network).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import UsageError
@@ -27,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keyword argument for the function, the value read as YAML (repeatable)")
     p.add_argument("--concurrency", type=int, default=8,
                    help="async def functions: calls in flight at once (default 8)")
+    p.add_argument("--request-kwarg", action="append", default=[], metavar="KEY",
+                   help="a keyword argument a request may set (repeatable; default: none; "
+                   "never one --kwarg sets)")
+    p.add_argument("--token", default=None,
+                   help="require this shared token of every request (default: "
+                   "$MLX_RLAIF_REWARD_TOKEN if set; prefer the variable: a flag shows in ps)")
 
 
 def kwargs_of(items: list[str]) -> dict:
@@ -42,19 +55,23 @@ def kwargs_of(items: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..rewards.custom.server import make_server
+    from ..rewards.custom.server import TOKEN_ENV, make_server
     from ..rewards.custom.spec import load_function
 
     kwargs = kwargs_of(args.kwarg)
     fn = load_function(args.function, kwargs, None)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
     try:
-        server = make_server(fn, args.host, args.port, kwargs, args.concurrency)
+        server = make_server(fn, args.host, args.port, kwargs, args.concurrency, token=token,
+                             request_kwargs=args.request_kwarg)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"cannot serve on {args.host}:{args.port} ({e.strerror or e}): pick "
                          "another --port") from None
     host, port = server.server_address[:2]
-    print(f"serving {args.function} on http://{host}:{port}/ (POST JSON, docs/rewards.md); "
-          "Ctrl-C stops", flush=True)
+    print(f"serving {args.function} on http://{host}:{port}/ (POST JSON, docs/rewards.md"
+          f"{'; a token is required' if token else ''}); Ctrl-C stops", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -83,20 +83,22 @@ def as_lists(items: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
     return {PLURALS[name]: [it[name] for it in items] for name in SINGULAR}
 
 
-def arguments(fn: Loaded, unit: Mapping[str, Any], kwargs: Mapping[str, Any], step: int
-              ) -> dict[str, Any]:
+def arguments(fn: Loaded, unit: Mapping[str, Any], kwargs: Mapping[str, Any], step: int,
+              trusted: bool = True) -> dict[str, Any]:
     """The keyword arguments of one call: the names its signature asks for (all of them with
     `**kwargs`); a record field it names that the record lacks and that has no default raises
-    ValueProblem."""
+    ValueProblem. An untrusted record (a request to `serve-reward`) fills only parameters
+    without a default: a function's defaults (which model, which path) stay its operator's."""
     given = {**unit, "step": step, **kwargs}
     record = {} if fn.batched else unit.get("record", {})
     if fn.var_kw:
-        return {**({k: v for k, v in record.items() if k not in given}), **given}
+        extra = {k: v for k, v in record.items() if k not in given} if trusted else {}
+        return {**extra, **given}
     out = {}
     for name in fn.params:
         if name in given:
             out[name] = given[name]
-        elif name in record:
+        elif name in record and (trusted or name not in fn.optional):
             out[name] = record[name]
         elif name not in fn.optional:
             raise ValueProblem(f"the task's record has no field {name!r} (a parameter of the "

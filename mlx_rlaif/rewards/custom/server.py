@@ -9,22 +9,43 @@ The protocol (docs/rewards.md), one POST per batch, JSON both ways:
   `{"rewards": [...], "scores": [...], "extra_logs": {...}}` (the client sends it with
   `protocol: openrlhf`; the server answers whichever form it is sent, so servers written for
   OpenRLHF work unchanged and ours serves OpenRLHF).
-The client checks the answer's length, retries connection errors and 5xx answers (3 times,
-backoff 0.5 s, 1 s, 2 s) and nothing else, and names the URL in every error. The server answers
-a function's error or a value that is not JSON with 422 and `{"error": line}` (not retried).
+The client gives each request one deadline, `timeout_s` for all of it (connect, send, every
+byte of the answer: a server trickling bytes is cut there), follows no redirect (an error names
+the URL and the Location), refuses an answer past MAX_ANSWER_BYTES without reading it whole,
+checks the answer's length, retries connection errors and 5xx answers (3 times, backoff 0.5 s,
+1 s, 2 s) and nothing else, names the URL in every error and sends MLX_RLAIF_REWARD_TOKEN, when
+set, as `Authorization: Bearer` (never shown).
 
-Not covered: authentication and TLS (serve on 127.0.0.1, or behind your own proxy), streaming.
+The server answers every request it refuses with one line of JSON (`{"error": ...}`), never a
+traceback: 403 for a Host that is not its own address (DNS rebinding) or a request from a web
+page (an Origin other than its own, a cross-site Sec-Fetch-Site: CSRF), 401 without its token
+(when it has one), 415 without `Content-Type: application/json`, 400 for a body without a
+Content-Length or past MAX_REQUEST_BYTES (not read), JSON that does not parse or nests too deep,
+a key or a type the protocol does not have (`"step": {}`, `"prompts": 5`); 403 for kwargs the
+operator did not allow with `--request-kwarg` (the operator's `--kwarg` are fixed), and a
+request's record fills only parameters without a default (a function's defaults, such as
+which model to load, stay the operator's). A function's error or a value that is not JSON is
+422 (not retried).
+
+Not covered: TLS (serve on 127.0.0.1, or behind your own proxy), streaming, a client that
+holds many connections open (each is dropped after READ_TIMEOUT_S of silence, not sooner), a
+Host name other than localhost (use the address: names are refused).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
+import http.client
+import ipaddress
 import json
+import os
+import socket
+import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Mapping, Sequence
+import urllib.parse
+from collections.abc import Iterable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,6 +56,12 @@ from .worker import call_units
 
 RETRIES = 3
 BACKOFF_S = 0.5
+TOKEN_ENV = "MLX_RLAIF_REWARD_TOKEN"  # the shared token, client and server
+MAX_ANSWER_BYTES = 16 * 2**20  # an answer is refused past this (rewards of a batch: kilobytes)
+ERROR_BYTES = 4096  # of an error answer, the part read for its message
+CHUNK_BYTES = 2**16
+MAX_REQUEST_BYTES = 64 * 2**20  # serve-reward: a request's body is refused past this
+READ_TIMEOUT_S = 60.0  # serve-reward: a client silent this long is dropped
 JSON_KEYS = ("prompt", "completion", "code", "task_id", "language", "record", "exec_result")
 
 
@@ -50,12 +77,15 @@ def request_body(units: Sequence[Mapping[str, Any]], step: int, kwargs: Mapping[
 
 
 class ServerClient:
-    """Scores argument sets with a reward server (`score` -> one outcome per set)."""
+    """Scores argument sets with a reward server (`score` -> one outcome per set). The token
+    (MLX_RLAIF_REWARD_TOKEN, read once here) is sent as a bearer header and never shown."""
 
     def __init__(self, url: str, protocol: str, kwargs: Mapping[str, Any], timeout_s: float,
-                 sleep: Any = time.sleep) -> None:
+                 sleep: Any = time.sleep, max_bytes: int = MAX_ANSWER_BYTES) -> None:
         self.url, self.protocol, self.kwargs, self.timeout_s = url, protocol, kwargs, timeout_s
+        self.max_bytes = max_bytes
         self._sleep = sleep
+        self._token = os.environ.get(TOKEN_ENV) or None
         self.retries = 0
 
     def score(self, units: Sequence[Mapping[str, Any]], step: int,
@@ -79,89 +109,256 @@ class ServerClient:
     def _post(self, body: dict) -> Any:
         data = json.dumps(body, default=str).encode()
         for attempt in range(RETRIES + 1):
-            req = urllib.request.Request(self.url, data=data, method="POST",
-                                         headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    raw = resp.read()
-                break
-            except urllib.error.HTTPError as e:
-                if e.code < 500 or attempt == RETRIES:
-                    raise _Failed(f"{self.url} answered HTTP {e.code}: {_error_of(e)}") from None
-            except urllib.error.URLError as e:
-                if isinstance(e.reason, TimeoutError):
-                    raise TimeoutError from None
+                code, headers, raw = self._once(data)
+            except TimeoutError:
+                raise
+            except (OSError, http.client.HTTPException) as e:
                 if attempt == RETRIES:
                     raise _Failed(f"{self.url} unreachable after {RETRIES + 1} tries: "
-                                  f"{e.reason}") from None
-            except ConnectionError as e:
-                if attempt == RETRIES:
-                    raise _Failed(f"{self.url} unreachable after {RETRIES + 1} tries: "
-                                  f"{e}") from None
+                                  f"{str(e) or type(e).__name__}") from None
+            else:
+                if code == 200:
+                    return _json_of(self.url, raw)
+                if 300 <= code < 400:
+                    where = str(headers.get("Location", "nowhere"))[:200]
+                    raise _Failed(f"{self.url} answered HTTP {code} redirecting to {where!r}: "
+                                  "redirects are not followed (give the server's own URL)")
+                if code < 500 or attempt == RETRIES:
+                    raise _Failed(f"{self.url} answered HTTP {code}: {_error_of(raw)}")
             self.retries += 1
             self._sleep(BACKOFF_S * 2 ** attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _once(self, data: bytes) -> tuple[int, Any, bytes]:
+        """One POST under one deadline for all of it (connect, send, headers, body): a timer
+        shuts the socket at `timeout_s` (TimeoutError), whatever pace the server answers at.
+        The answer's body is read up to `max_bytes` (an error answer's up to 4 KiB)."""
+        conn = _connection(self.url, self.timeout_s)
+        cut = threading.Event()
+        timer = threading.Timer(self.timeout_s, _shut, (conn, cut))
+        timer.daemon = True
+        timer.start()
+        headers = {"Content-Type": "application/json", "Connection": "close"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
         try:
-            return json.loads(raw)
-        except ValueError:
-            raise _Failed(f"{self.url} answered something that is not JSON: "
-                          f"{raw[:60]!r}") from None
+            conn.request("POST", _target(self.url), body=data, headers=headers)
+            resp = conn.getresponse()
+            limit = self.max_bytes if resp.status == 200 else ERROR_BYTES
+            raw = self._read(resp, limit, resp.status == 200)
+            if cut.is_set():  # the body ended at the deadline, not at its end
+                raise TimeoutError
+            return resp.status, resp.headers, raw
+        except (OSError, http.client.HTTPException) as e:
+            if cut.is_set() or isinstance(e, TimeoutError):
+                raise TimeoutError from None
+            raise
+        finally:
+            timer.cancel()
+            conn.close()
+
+    def _read(self, resp: http.client.HTTPResponse, limit: int, strict: bool) -> bytes:
+        """The body, refused past `limit` bytes (strict) or cut there (an error's text)."""
+        size = resp.headers.get("Content-Length")
+        if strict and size and size.strip().isdigit() and int(size) > limit:
+            raise _Failed(f"{self.url} answered {int(size)} bytes, above the bound of {limit} "
+                          "bytes for an answer")
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = resp.read(min(CHUNK_BYTES, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit and strict:
+            raise _Failed(f"{self.url} answered more than {limit} bytes, the bound for an answer")
+        return b"".join(chunks)[:limit]
 
 
 class _Failed(Exception):
     pass
 
 
-def _error_of(e: urllib.error.HTTPError) -> str:
+def _connection(url: str, timeout_s: float) -> http.client.HTTPConnection:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _Failed(f"{url}: not an http:// or https:// URL")
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return cls(parts.hostname, parts.port, timeout=timeout_s)
+
+
+def _target(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def _shut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
+    """The deadline: wake a connection blocked on the server (its next read fails)."""
+    cut.set()
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _json_of(url: str, raw: bytes) -> Any:
     try:
-        body = e.read().decode(errors="replace")
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise _Failed(f"{url} answered something that is not JSON: {raw[:60]!r}") from None
+
+
+def _error_of(raw: bytes) -> str:
+    """An error answer's text: its JSON `error`, else its first 200 characters."""
+    body = raw.decode(errors="replace")
+    try:
         return str(json.loads(body).get("error", body))[:200]
     except Exception:  # noqa: BLE001 - whatever the body was, the status names the problem
-        return e.reason or "no details"
+        return body[:200] or "no details"
 
 
 # --- the server ------------------------------------------------------------------------------
 
 
-def units_of(body: Any) -> tuple[list[dict[str, Any]], int, dict[str, Any], bool]:
-    """(argument sets, step, kwargs, whether the form is OpenRLHF's) of a request; ValueError
-    names what is wrong."""
+class BadRequest(ValueError):
+    """A request the server refuses: its HTTP status and one line."""
+
+    def __init__(self, line: str, code: int = 400) -> None:
+        super().__init__(line)
+        self.code = code
+
+
+ITEM_TYPES: dict[str, tuple[type, ...]] = {
+    "prompt": (str,), "completion": (str,), "code": (str,), "task_id": (str,),
+    "language": (str,), "record": (dict,), "exec_result": (dict,)}
+
+
+def units_of(body: Any, allowed_kwargs: Iterable[str] = ()
+             ) -> tuple[list[dict[str, Any]], int, dict[str, Any], bool]:
+    """(argument sets, step, kwargs, whether the form is OpenRLHF's) of a request; BadRequest
+    names what is wrong: a key or a type the protocol does not have, or kwargs other than the
+    `allowed_kwargs` (what the operator let requests set)."""
     if not isinstance(body, dict):
-        raise ValueError("the request must be a JSON object")
+        raise BadRequest("the request must be a JSON object")
     if "query" in body:
-        queries, prompts = body["query"], body.get("prompts") or [""] * len(body["query"])
-        labels = body.get("labels") or [None] * len(queries)
-        if not (isinstance(queries, list) and len(prompts) == len(queries) == len(labels)):
-            raise ValueError("query, prompts and labels must be lists of one length")
-        units = [{"prompt": p, "completion": q[len(p):] if q.startswith(p) else q,
-                  "code": None, "task_id": str(i), "language": None, "exec_result": None,
-                  "task": None, "query": q, "label": lab,
-                  "record": {"label": lab, "query": q}} for i, (q, p, lab) in
-                 enumerate(zip(queries, prompts, labels, strict=True))]
-        return units, 0, {}, True
+        return _openrlhf_units(body) + ({}, True)  # type: ignore[return-value]
+    _only(body, ("items", "step", "kwargs"), "the request")
     items = body.get("items")
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-        raise ValueError("the request needs 'items', a list of objects (or OpenRLHF's 'query')")
+        raise BadRequest("the request needs 'items', a list of objects (or OpenRLHF's 'query')")
+    for k, it in enumerate(items):
+        _only(it, JSON_KEYS, f"item {k}")
+        for key, v in it.items():
+            if v is not None and not isinstance(v, ITEM_TYPES[key]):
+                raise BadRequest(f"item {k}: {key} must be a {ITEM_TYPES[key][0].__name__} or "
+                                 f"null, not {_type(v)}")
+    step = body.get("step", 0)
+    if step is None:
+        step = 0
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise BadRequest(f"step must be a whole number >= 0, not {_type(step)}")
+    kwargs = {} if body.get("kwargs") is None else body["kwargs"]
+    if not isinstance(kwargs, dict):
+        raise BadRequest(f"kwargs must be an object, not {_type(kwargs)}")
+    refused = sorted(set(kwargs) - set(allowed_kwargs))
+    if refused:
+        raise BadRequest(f"kwargs {', '.join(map(repr, refused))[:200]} are not the request's "
+                         "to set (the server's operator allows them with --request-kwarg)", 403)
     units = [{**{k: it.get(k) for k in JSON_KEYS}, "task": None,
               "record": it.get("record") or {}} for it in items]
     for u in units:
         u.update(query=(u["prompt"] or "") + (u["completion"] or ""), label=label_of(u["record"]))
-    return units, int(body.get("step") or 0), dict(body.get("kwargs") or {}), False
+    return units, step, dict(kwargs), False
+
+
+def _openrlhf_units(body: dict) -> tuple[list[dict[str, Any]], int]:
+    _only(body, ("query", "prompts", "labels"), "the request")
+    queries = body["query"]
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise BadRequest("query must be a list of strings")
+    prompts = body.get("prompts") or [""] * len(queries)
+    labels = body.get("labels") or [None] * len(queries)
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        raise BadRequest("prompts must be a list of strings")
+    if not isinstance(labels, list) or not len(prompts) == len(queries) == len(labels):
+        raise BadRequest("query, prompts and labels must be lists of one length")
+    units = [{"prompt": p, "completion": q[len(p):] if q.startswith(p) else q,
+              "code": None, "task_id": str(i), "language": None, "exec_result": None,
+              "task": None, "query": q, "label": lab,
+              "record": {"label": lab, "query": q}} for i, (q, p, lab) in
+             enumerate(zip(queries, prompts, labels, strict=True))]
+    return units, 0
+
+
+def _only(obj: dict, keys: Sequence[str], what: str) -> None:
+    unknown = [k for k in obj if k not in keys]
+    if unknown:
+        raise BadRequest(f"{what} has key {str(unknown[0])[:40]!r}, not one of "
+                         f"{', '.join(keys)}")
+
+
+def _type(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(v), f"a {type(v).__name__}")
+
+
+def host_allowed(host: str | None, bound: str, port: int) -> bool:
+    """Whether a request's Host header names this server: the address it is bound to (or
+    localhost, bound to a loopback address; any address literal, bound to all of them) and its
+    port. A name a DNS answer could point here (rebinding) is refused."""
+    if not host:
+        return False
+    try:
+        parts = urllib.parse.urlsplit(f"//{host}")
+        name, their_port = parts.hostname or "", parts.port or 80
+    except ValueError:
+        return False
+    if their_port != port:
+        return False
+    try:
+        ours = ipaddress.ip_address(bound.strip("[]"))
+    except ValueError:
+        ours = None
+    try:
+        theirs = ipaddress.ip_address(name)
+    except ValueError:
+        return name == "localhost" and ours is not None and ours.is_loopback
+    return theirs == ours or (ours is not None and ours.is_unspecified)
+
+
+def origin_allowed(origin: str | None, host: str, fetch_site: str | None) -> bool:
+    """A request from a web page (an Origin, or a browser's Sec-Fetch-Site) is refused unless
+    the page is the server's own: no other site can drive it (CSRF)."""
+    if fetch_site is not None and fetch_site not in ("same-origin", "none"):
+        return False
+    return origin is None or origin == f"http://{host}"
 
 
 def make_server(fn: Loaded, host: str, port: int, kwargs: Mapping[str, Any] | None = None,
-                concurrency: int = 8, timeout_s: float = 300.0) -> ThreadingHTTPServer:
-    """An HTTP server (not started) that scores each POST with `fn`; the request's kwargs
-    over `kwargs`. A sync function runs one request at a time."""
+                concurrency: int = 8, timeout_s: float = 300.0, token: str | None = None,
+                request_kwargs: Iterable[str] = (), max_bytes: int = MAX_REQUEST_BYTES
+                ) -> ThreadingHTTPServer:
+    """An HTTP server (not started) that scores each POST with `fn`: the operator's `kwargs`
+    are fixed, a request may set only the keys of `request_kwargs` (none of the operator's);
+    with `token`, a request must carry it as a bearer header. A sync function runs one
+    request at a time."""
     lock = threading.Lock() if not fn.is_async else None
     base = dict(kwargs or {})
+    allowed = frozenset(request_kwargs)
+    if allowed & set(base):
+        raise ValueError(f"--request-kwarg {sorted(allowed & set(base))[0]} is set by --kwarg: "
+                         "a request cannot change what the operator set")
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S  # a client that stops sending is dropped
+
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                units, step, extra, openrlhf = units_of(body)
-            except ValueError as e:
-                return self._answer(400, {"error": f"bad request: {e}"})
+                self._check()
+                units, step, extra, openrlhf = units_of(self._json(), allowed)
+            except BadRequest as e:
+                return self._answer(e.code, {"error": f"bad request: {e}"})
             results: list[Any] = [None] * len(units)
             errors: list[str] = []
 
@@ -174,7 +371,8 @@ def make_server(fn: Loaded, host: str, port: int, kwargs: Mapping[str, Any] | No
 
             calls = [as_lists(units)] if fn.batched else units  # a function of lists: one call
             with lock or contextlib.nullcontext():
-                call_units(fn, calls, {**base, **extra}, step, concurrency, timeout_s, send)
+                call_units(fn, calls, {**extra, **base}, step, concurrency, timeout_s, send,
+                           trusted=False)
             if fn.batched and not errors:
                 try:
                     results = check_list(results[0], len(units))
@@ -187,19 +385,70 @@ def make_server(fn: Loaded, host: str, port: int, kwargs: Mapping[str, Any] | No
                 answer.update(scores=results, extra_logs={})
             self._answer(200, answer)
 
+        def _check(self) -> None:
+            """Who may ask: this server's address as Host, no other site's page, the token;
+            then a JSON body of a declared size within the bound."""
+            h = self.headers
+            if not host_allowed(h.get("Host"), *self.server.server_address[:2]):
+                raise BadRequest(f"Host {str(h.get('Host'))[:80]!r} is not this server's "
+                                 "address: use the URL it printed", 403)
+            if not origin_allowed(h.get("Origin"), h["Host"], h.get("Sec-Fetch-Site")):
+                raise BadRequest("requests from web pages are refused", 403)
+            if token and not hmac.compare_digest(h.get("Authorization", "").encode(),
+                                                 f"Bearer {token}".encode()):
+                raise BadRequest(f"no valid token: send the server's token as 'Authorization: "
+                                 f"Bearer ...' (the client reads {TOKEN_ENV})", 401)
+            kind = h.get("Content-Type", "").split(";")[0].strip().lower()
+            if kind != "application/json":
+                raise BadRequest(f"Content-Type must be application/json, not "
+                                 f"{kind[:60] or 'missing'!r}", 415)
+
+        def _json(self) -> Any:
+            size = self.headers.get("Content-Length", "")
+            if not size.strip().isdigit():
+                raise BadRequest("a Content-Length is needed (a number of bytes)")
+            if int(size) > max_bytes:
+                raise BadRequest(f"a body of {int(size)} bytes, above the bound of {max_bytes}")
+            try:
+                return json.loads(self.rfile.read(int(size)))
+            except RecursionError:
+                raise BadRequest("the JSON is nested too deep") from None
+            except ValueError as e:
+                raise BadRequest(f"the body is not JSON ({str(e)[:80]})") from None
+
         def _answer(self, code: int, obj: dict) -> None:
             try:
                 data = json.dumps(obj, allow_nan=False).encode()
             except (TypeError, ValueError) as e:
                 code, data = 422, json.dumps({"error": f"{fn.spec} returned a value that is "
                                                        f"not JSON: {e}"}).encode()
+            if code >= 400:
+                self.close_connection = True  # a body left unread is never read as a request
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if code >= 400:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
+
+        def send_error(self, code: int, message: str | None = None,
+                       explain: str | None = None) -> None:
+            """http.server's own refusals (a bad request line, a method other than POST):
+            one line of JSON too."""
+            self._answer(code, {"error": f"bad request: {message or code}"})
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             pass
 
-    return ThreadingHTTPServer((host, port), Handler)
+    return _Server((host, port), Handler)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that broke the handler: one line on stderr, never a traceback."""
+        e = sys.exc_info()[1]
+        print(f"serve-reward: a request from {client_address[0]} failed: "
+              f"{type(e).__name__}: {str(e)[:200]!r}", file=sys.stderr)

@@ -38,14 +38,16 @@ def last_line(e: BaseException) -> str:
 
 
 def call_units(fn: Loaded, units: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any],
-               step: int, concurrency: int, timeout_s: float, send: Send) -> None:
-    """`send(index, status, payload)` for each argument set, in the order they finish."""
+               step: int, concurrency: int, timeout_s: float, send: Send,
+               trusted: bool = True) -> None:
+    """`send(index, status, payload)` for each argument set, in the order they finish
+    (trusted: the records may fill any parameter, contract.arguments)."""
     if fn.is_async:
-        asyncio.run(_gather(fn, units, kwargs, step, concurrency, timeout_s, send))
+        asyncio.run(_gather(fn, units, kwargs, step, concurrency, timeout_s, send, trusted))
         return
     for k, unit in enumerate(units):
         try:
-            value = fn.fn(**arguments(fn, unit, kwargs, step))
+            value = fn.fn(**arguments(fn, unit, kwargs, step, trusted))
         except ValueProblem as e:
             send(k, "error", str(e))
         except BaseException as e:  # noqa: BLE001 - the user's exception, reported by line
@@ -55,14 +57,15 @@ def call_units(fn: Loaded, units: Sequence[Mapping[str, Any]], kwargs: Mapping[s
 
 
 async def _gather(fn: Loaded, units: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any],
-                  step: int, concurrency: int, timeout_s: float, send: Send) -> None:
+                  step: int, concurrency: int, timeout_s: float, send: Send,
+                  trusted: bool) -> None:
     gate = asyncio.Semaphore(concurrency)
 
     async def one(k: int, unit: Mapping[str, Any]) -> None:
         async with gate:
             try:
-                value = await asyncio.wait_for(fn.fn(**arguments(fn, unit, kwargs, step)),
-                                               timeout_s)
+                call = fn.fn(**arguments(fn, unit, kwargs, step, trusted))
+                value = await asyncio.wait_for(call, timeout_s)
             except asyncio.TimeoutError:
                 send(k, "timeout", None)
             except ValueProblem as e:
