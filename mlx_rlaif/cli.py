@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     problem = mlx_unavailable()  # first: a command module may import mlx.core (a few ms)
     if problem:
-        print(f"mlx-rlaif: error: {problem}", file=sys.stderr)
+        print(f"mlx-rlaif: error: {visible(problem, lines=False)}", file=sys.stderr)
         return 1
     parser = build_parser()
     if not argv:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check(args)
     except (ConfigError, UsageError) as e:
-        print(f"mlx-rlaif {args.command}: error: {visible(e)}", file=sys.stderr)
+        print(f"mlx-rlaif {args.command}: error: {visible(e, lines=False)}", file=sys.stderr)
         return 2
     if args.command not in LIGHT:
         from .cpu.blas import maybe_reexec_with_fast_blas
@@ -135,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except (ConfigError, UsageError) as e:
-        print(f"mlx-rlaif {args.command}: error: {visible(e)}", file=sys.stderr)
+        print(f"mlx-rlaif {args.command}: error: {visible(e, lines=False)}", file=sys.stderr)
         return 2
     except RlaifError as e:
-        print(f"mlx-rlaif {args.command}: error: {visible(e)}", file=sys.stderr)
+        print(f"mlx-rlaif {args.command}: error: {visible(e, lines=False)}", file=sys.stderr)
         return 1
 
 

@@ -4,7 +4,8 @@ Student code, completions, task files (ids, prompts: downloaded data) and a judg
 can hold terminal control sequences: ESC starts CSI and OSC sequences (set the title, clear the
 screen, and on terminals that honour OSC 52, write the clipboard), BEL ends OSC, CR overwrites
 a line, and C1 characters (U+0080-U+009F) act as ESC on some terminals. Bidirectional overrides
-(U+202A-U+202E, U+2066-U+2069) reorder what is shown. Everything that prints such text (the
+(U+202A-U+202E, U+2066-U+2069, and the marks U+061C, U+200E, U+200F) reorder what is shown;
+U+2028 and U+2029 separate lines where a viewer honours them. Everything that prints such text (the
 dashboard, the plain log lines, `eval`, `validate`, `score`, `summary`, `data convert`,
 `check-rewards`, `audit-judge`, `doctor`, error lines) passes it
 through `visible()`, which writes each of these characters as its escape (`\\x1b`, `\\u202e`,
@@ -25,7 +26,8 @@ import logging
 from typing import Any
 
 _CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)]
-_BIDI = [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+# bidirectional overrides, embeddings, isolates and marks; line and paragraph separators
+_BIDI = [*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x061C, 0x200E, 0x200F, 0x2028, 0x2029]
 _NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
 
 

@@ -3,8 +3,12 @@ terminal: the bytes the dashboard (in a pseudo-terminal), the plain lines, the l
 `validate`'s report and `summary`'s table write are read back and must hold the hostile text
 only as visible escapes (`\\x1b`), while the JSONL files keep it raw.
 
-Not covered here: `eval` and `score` end to end (their printing goes through the same
-`terminal.visible` / `json_visible`, checked below on their own functions).
+`score`, `check-rewards`, `summary` and `export-gguf` run as commands, with rich writing as to
+a colour terminal: hostile task ids, component names, a user function's exception and a base
+model's path reach it as visible text, one line each (a newline shows as `\\n`), with no rich
+markup read from them (no hyperlink, no MarkupError).
+
+Not covered here: `eval` end to end (its printing goes through the same `terminal.visible`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -208,3 +213,121 @@ def test_train_with_a_hostile_task_file_in_a_pseudo_terminal(tmp_path: Path) -> 
     assert "\\x1b]0;pwned" in data  # the latest completion's task id, made visible
     samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert any(s["task_id"].endswith(HOSTILE) for s in samples)  # the file keeps it raw
+
+
+# --- the commands, run as a user runs them: every byte they write is read back -------------------
+
+# rich markup (a live hyperlink, a closing tag with no opening one) and a line that passes for the
+# command's own, after the control sequences
+MARKUP = "[link=https://e.x]c[/link][/y]\nscored 9/9 completions"
+LOUD = HOSTILE + MARKUP
+TERMINAL_ENV = {"FORCE_COLOR": "1", "TERM": "xterm-256color", "COLUMNS": "400"}
+
+
+def run_cli(*argv: object, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`mlx-rlaif ARGV` with rich writing as to a colour terminal (hyperlinks included)."""
+    env = {**os.environ, **TERMINAL_ENV, "PYTHONPATH": str(ROOT)}
+    env.pop("NO_COLOR", None)
+    return subprocess.run([sys.executable, "-m", "mlx_rlaif.cli", *map(str, argv)],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def assert_no_hostile_bytes(data: str) -> None:
+    """No control sequence but rich's own SGR/cursor ones, no hyperlink (OSC 8), no line that
+    begins as the command's own `scored` line, the markup shown as text."""
+    for raw in RAW[:-1]:
+        assert raw not in data, f"{raw!r} reached the terminal"
+    own = re.sub(r"\x1b\[[0-9;?]*[mAKlhGBCD]", "", data)
+    assert "\x1b" not in own and not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x80-\x9f]", own)
+    assert not any(line.lstrip("│ ").startswith("scored 9/9") for line in data.splitlines())
+    assert "Traceback" not in data
+    assert "[link=" in data
+
+
+def test_score_prints_ids_names_reasons_and_errors_as_one_visible_line_each(
+        tmp_path: Path) -> None:
+    """Failing first: `score`'s hacking-signals line and its component names reached the
+    terminal raw, and a user function's exception with a newline printed a fake `scored` line."""
+    task = {"id": f"id-{LOUD}", "prompt": "def f(x):\n    '''Double x.'''\n",
+            "language": "python", "entry_point": "f",
+            "test": "def check(candidate):\n    assert candidate(1) == 2\n",
+            "completion": "```python\nimport sys\ndef f(x):\n    sys.exit(0)\n```"}
+    (tmp_path / "in.jsonl").write_text(json.dumps(task) + "\n")
+    (tmp_path / "cfg.yaml").write_text(
+        f"reward:\n  components:\n    - kind: exec\n      name: {json.dumps('ex' + LOUD)}\n")
+    (tmp_path / "boom.py").write_text(
+        f"def boom(completions, **kw):\n    raise ValueError({LOUD!r})\n")
+    proc = run_cli("score", "--file", "in.jsonl", "--config", "cfg.yaml", "--out", "out.jsonl",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert_no_hostile_bytes(proc.stdout + proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert sum(line.startswith("scored ") for line in lines) == 1
+    assert any(line.startswith("hacking signals: 1 of 1") and "task id-t\\x1b]0;pwned" in line
+               for line in lines), lines
+    out = json.loads((tmp_path / "out.jsonl").read_text())
+    assert out["id"] == task["id"]  # the file keeps the raw text
+    for extra in ((), ("--set", "reward.on_error=unscorable", "--set",
+                       "reward.max_error_frac=1.0")):
+        proc = run_cli("score", "--file", "in.jsonl", "--reward", "boom.py:boom", *extra,
+                       "--out", "out2.jsonl", cwd=tmp_path)
+        assert_no_hostile_bytes(proc.stdout + proc.stderr)
+        assert proc.returncode == (1 if not extra else 0), proc.stderr
+
+
+def test_check_rewards_reads_no_markup_from_task_ids_and_component_names(tmp_path: Path) -> None:
+    """Failing first: a task id's or a component name's `[link=...]` became a live hyperlink."""
+    src = ROOT / "mlx_rlaif" / "data" / "suites" / "synthetic-train.jsonl"
+    task = json.loads(src.read_text().splitlines()[0])
+    task["id"] = f"id-{LOUD}"
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    (tmp_path / "cfg.yaml").write_text(
+        "reward:\n  components:\n    - kind: exec\n"
+        f"      name: {json.dumps('ex' + LOUD)}\n    - kind: syntax\n")
+    proc = run_cli("check-rewards", "--file", "tasks.jsonl", "--config", "cfg.yaml",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert_no_hostile_bytes(proc.stdout + proc.stderr)
+    assert "id-t\\x1b]0;pwned" in proc.stdout
+
+
+def test_summary_reads_no_markup_from_records_or_the_run_path(tmp_path: Path) -> None:
+    """Failing first: `summary` rendered markup found in task ids and component names."""
+    run = tmp_path / "run[link=e.x]c[" / "y]"  # a path rich reads as [link=...] and [/y]
+    run.mkdir(parents=True)
+    name = f"fn{LOUD}"
+    (run / "batches.jsonl").write_text(json.dumps(
+        {"step": 1, "reward/mean": 0.5, "hack/frac": 0.5, f"hack/{name}": 1.0,
+         f"reward/{name}/mean": 0.3, f"reward/{name}/seconds": 0.1}) + "\n")
+    (run / "samples.jsonl").write_text(json.dumps(
+        {"step": 1, "task_id": f"id-{LOUD}", "signals": [name],
+         "signal_reasons": {name: f"why {LOUD}"}}) + "\n")
+    proc = run_cli("summary", run, "--csv-out", run / "m.csv", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert_no_hostile_bytes(proc.stdout + proc.stderr)
+    assert "task id-t\\x1b]0;pwned" in proc.stdout and "c[/y]" in proc.stdout
+
+
+def test_export_gguf_shows_a_hostile_base_model_path_as_text(micro_model: Path,
+                                                             tmp_path: Path) -> None:
+    """Failing first: the base model recorded in adapter_config.json reached the terminal raw
+    (a title, a hyperlink), and one holding `[/y]` ended in rich's MarkupError traceback."""
+    import shutil
+
+    from adapters import write_adapters
+
+    base = tmp_path / "base[link=e.x]c[" / "y]\x1b]0;pwned\x07\u202e"  # [link=..], [/y]
+    shutil.copytree(micro_model, base)
+    run = write_adapters(micro_model, tmp_path / "run")  # then recorded as made on `base`
+    ckpt = next((run / "checkpoints").iterdir())
+    config = json.loads((ckpt / "adapter_config.json").read_text())
+    (ckpt / "adapter_config.json").write_text(json.dumps({**config, "base_model": str(base)}))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["adapter_config.json"] = (ckpt / "adapter_config.json").stat().st_size
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cli("export-gguf", run, "--out", tmp_path / "out", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr  # refused in one line
+    data = proc.stdout + proc.stderr
+    assert_no_hostile_bytes(data)
+    assert "loading " in data and "pwned" in data  # the status line, escaped
+    assert data.count("mlx-rlaif export-gguf: error:") == 1

@@ -6,7 +6,9 @@ Tasks are the first `--tasks` (default 4) of `--file` (default the config's data
 that have a reference solution (their record's `solution`). The wrong answer is code that
 defines the task's function (or program) and returns nothing useful. The last line says
 whether the reward tells them apart: a task whose wrong answer scores at least as high as its
-reference is named. Exit 1 when a component fails (the error line names it).
+reference is named. Exit 1 when a component fails (the error line names it). Task ids and
+component names reach the terminal through terminal.text / visible: no control characters, no
+rich markup read from them.
 
 Not covered: sampling from a model (that is `mlx-rlaif eval`).
 """
@@ -18,7 +20,7 @@ import sys
 from typing import Any
 
 from ..errors import DataError
-from ..terminal import visible
+from ..terminal import text, visible
 
 HELP = "Try the reward's components on reference solutions and a wrong answer (a table)."
 
@@ -72,13 +74,12 @@ def run(args: argparse.Namespace) -> int:
         rewards = reward_fn.score([t for t, _, _ in pairs], [a for _, _, a in pairs])
     finally:
         reward_fn.close()
-    table = Table(title=f"reward components on {len(tasks)} tasks of {spec}")
-    for col in ("task", "answer", *names, "reward"):
-        table.add_column(col, justify="left" if col in ("task", "answer") else "right")
+    table = Table(title=text(f"reward components on {len(tasks)} tasks of {spec}"))
+    for col in ("task", "answer", *names, "reward"):  # names, ids: rich reads no markup in them
+        table.add_column(text(col), justify="left" if col in ("task", "answer") else "right")
     for (t, kind, _), w in zip(pairs, rewards, strict=True):
         parts = w.parts if len(names) > 1 else {names[0]: w.value}
-        table.add_row(visible(t.id, lines=False), kind, *(_fmt(parts.get(n)) for n in names),
-                      _fmt(w.value))
+        table.add_row(text(t.id), kind, *(_fmt(parts.get(n)) for n in names), _fmt(w.value))
     Console(file=sys.stdout, width=160).print(table)
     bad = [t.id for t, r, w in zip(tasks, rewards[0::2], rewards[1::2], strict=True)
            if r.value is not None and w.value is not None and w.value >= r.value]

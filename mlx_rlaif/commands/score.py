@@ -9,7 +9,8 @@ added as a component, repeatable; docs/rewards.md), and `--teacher/--base-url/--
 only set `reward.type=teacher` and `reward.teacher.provider/base_url/model`. The output file is written whole or not at all. Teacher
 answers are cached between runs (`reward.teacher.cache_path`, default the user cache
 ~/.cache/mlx-rlaif/teacher_cache.db; `--no-cache` turns it off): a user tuning a rubric pays
-only for what changed.
+only for what changed. What it prints (component names, task ids, signal reasons) goes through
+terminal.visible: one line each, control characters escaped.
 
 Not covered: streaming files larger than memory (every line is scored in one batch).
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError, UsageError
-from ..terminal import json_visible
+from ..terminal import json_visible, visible
 
 HELP = "Score completions (task record + completion per JSONL line) with the exec or a teacher reward."
 
@@ -156,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
     mean = f"{sum(scored) / len(scored):.4f}" if scored else "n/a"
     how = " + ".join(c.name for c in reward_components(cfg.reward)) \
         if cfg.reward.components or cfg.reward.functions else cfg.reward.type
-    print(f"scored {len(scored)}/{len(rewards)} completions with {how}: mean reward "
-          f"{mean}, {len(rewards) - len(scored)} unscorable"
-          + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
-    print(tally_line(tally_rewards([t.id for t in tasks], rewards)), file=sys.stderr)
+    say = [f"scored {len(scored)}/{len(rewards)} completions with {how}: mean reward {mean}, "
+           f"{len(rewards) - len(scored)} unscorable" + (f"; wrote {args.out}" if args.out else ""),
+           tally_line(tally_rewards([t.id for t in tasks], rewards))]
+    for line in say:  # component names, task ids, reasons: one visible line each
+        print(visible(line, lines=False), file=sys.stderr)
     return 0

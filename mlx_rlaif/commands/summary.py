@@ -1,5 +1,7 @@
 """`mlx-rlaif summary RUN_DIR`: a run's batch, epoch or periodic evaluation metrics as a table, CSV
-and PNG curves, and the best checkpoint (training.keep_best) when the run has one."""
+and PNG curves, and the best checkpoint (training.keep_best) when the run has one. What the
+records hold (task ids, component names, reasons) and the paths are printed through
+terminal.visible / text: one line each, no control characters, no rich markup read."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from rich.console import Console
 
 from ..artifacts import checkpoint
 from ..metrics import hacking, summary
+from ..terminal import text, visible
 
 HELP = "Show a run's metrics (batches.jsonl / epochs.jsonl) as a table; export CSV or PNG curves."
 
@@ -63,16 +66,16 @@ def run(args: argparse.Namespace) -> int:
         console.print(parts)  # reward.components: each component's own statistics
     if args.type == "batch":
         for line in hacking.report(args.run_dir, records):
-            print(line)
+            print(visible(line, lines=False))
     if args.csv_out:
         summary.write_csv(records, args.csv_out)
-        console.print(f"wrote {len(records)} rows to {args.csv_out}")
+        console.print(text(f"wrote {len(records)} rows to {args.csv_out}"))
     if args.plot:
         summary.plot(records, args.type, args.plot, title=str(args.run_dir))
-        console.print(f"wrote {args.plot}")
+        console.print(text(f"wrote {args.plot}"))
     best = checkpoint.read_best(args.run_dir)
     if best is not None:
-        print(f"best checkpoint: {checkpoint.best_checkpoint(args.run_dir)} (step {best['step']}: "
-              f"held-out pass@1 {best['eval/pass@1']:.3f}, mean reward "
-              f"{best['eval/reward_mean']:.3f})")
+        print(visible(f"best checkpoint: {checkpoint.best_checkpoint(args.run_dir)} (step "
+                      f"{best['step']}: held-out pass@1 {best['eval/pass@1']:.3f}, mean reward "
+                      f"{best['eval/reward_mean']:.3f})", lines=False))
     return 0

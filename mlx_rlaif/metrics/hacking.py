@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..terminal import visible
 from .jsonl import read_jsonl
 from .stats import finite
 
@@ -18,8 +19,9 @@ EXAMPLES = 2  # per signal
 
 
 def _plain(text: object) -> str:
-    """Printable text: control characters (escape sequences of a student's text) as \\xNN."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in str(text))
+    """One visible line (terminal.visible): control characters, newlines and bidirectional
+    overrides of a record's text as escapes."""
+    return visible(text, lines=False)
 
 
 def step_lines(records: Sequence[Mapping]) -> list[str]:
@@ -33,7 +35,7 @@ def step_lines(records: Sequence[Mapping]) -> list[str]:
                          if k.startswith("hack/") and k != "hack/frac"),
                         key=lambda kv: (-kv[1], kv[0]))
         what = ", ".join(f"{_plain(k)} {v:.0f}" for k, v in counts if v)
-        out.append(f"step {r.get('step')}: {frac:.0%} of completions ({what})")
+        out.append(f"step {_plain(r.get('step'))}: {frac:.0%} of completions ({what})")
     return out
 
 
@@ -47,7 +49,8 @@ def example_lines(samples: Sequence[Mapping], per_signal: int = EXAMPLES) -> lis
             if shown.get(name, 0) >= per_signal:
                 continue
             shown[name] = shown.get(name, 0) + 1
-            out.append(f"{_plain(name)}: step {s.get('step')}, task {_plain(s.get('task_id'))}: "
+            out.append(f"{_plain(name)}: step {_plain(s.get('step'))}, "
+                       f"task {_plain(s.get('task_id'))}: "
                        f"{_plain(reasons.get(name, ''))}")
     return sorted(out)
 

@@ -6,7 +6,9 @@ data-parallel run ran on) (steps a resumed run did again
 appear once, the later record winning), a table of the last N records with the columns that
 exist, a CSV of every key, and a 2x2 figure (reward with min/max band and baseline, KL, loss,
 throughput; for evaluations one panel of pass@1 and mean reward). matplotlib is imported
-only for the plot. Not covered: comparing several runs in one figure.
+only for the plot. Keys and values from the records (task ids, component names) go into the
+tables as rich Text through terminal.visible: no control characters, no markup read from them.
+Not covered: comparing several runs in one figure.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import UsageError
-from ..terminal import visible
+from ..terminal import text, visible
 from .jsonl import atomic_write, last_per_key, read_jsonl
 from .stats import components, finite, mean
 
@@ -36,12 +39,16 @@ COLUMNS = {
         "reward/std",
         "reward/frac_zero_std",
         "kl/mean",
+        "distill/kl",
         "loss/total",
         "policy/clipfrac",
         "policy/entropy",
         "gen/tokens_per_sec",
         "train/tokens_per_sec",
         "time/step",
+        "elapsed_s",
+        "time/eta_s",
+        "system/thermal",
         "memory/mlx_peak_gb",
         "teacher/cost_usd",
     ),
@@ -107,12 +114,15 @@ def cell(value: Any) -> str:
 
 
 def table(records: Sequence[Mapping], kind: str, title: str = "") -> Table:
+    """The records as a rich table; every cell and header a Text (no markup read from a key or
+    a value: a task id's `[link=...]` stays text)."""
     cols = columns(records, kind)
-    t = Table(title=title or None, header_style="bold")
+    t = Table(title=text(title) if title else None, header_style="bold")
     for c in cols:
-        t.add_column(visible(c, lines=False).replace("/", "/\n"), justify="right", no_wrap=True)
+        t.add_column(Text(visible(c, lines=False).replace("/", "/\n")), justify="right",
+                     no_wrap=True)
     for r in records:
-        t.add_row(*(cell(r.get(c)) for c in cols))
+        t.add_row(*(Text(cell(r.get(c))) for c in cols))
     return t
 
 
@@ -131,7 +141,7 @@ def component_table(records: Sequence[Mapping]) -> Table | None:
             vals = [finite(r.get(f"reward/{name}/{stat}")) for r in records]
             vals = [v for v in vals if v is not None]
             return cell(how(vals)) if vals else "-"
-        t.add_row(visible(name, lines=False), col("mean"), col("std"), col("frac_none"), col("errors", sum),
+        t.add_row(text(name), col("mean"), col("std"), col("frac_none"), col("errors", sum),
                   col("timeouts", sum), col("seconds"))
     return t
 
@@ -163,7 +173,8 @@ def series(records: Sequence[Mapping], x_key: str, key: str) -> tuple[list[float
 
 PANELS = (
     ("Reward", ("reward/mean", "reward/baseline")),
-    ("KL to the reference (per token)", ("kl/mean", "kl/sample_train")),
+    ("KL per token (to the reference; distill/kl: to the distillation target)",
+     ("kl/mean", "kl/sample_train", "distill/kl")),
     ("Loss", ("loss/total", "loss/policy", "loss/kl")),
     ("Throughput (tokens/s)", ("gen/tokens_per_sec", "train/tokens_per_sec")),
 )
