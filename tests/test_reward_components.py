@@ -22,10 +22,10 @@ from mlx_rlaif.config import check, load, reward_components
 from mlx_rlaif.errors import ConfigError, RewardError
 from mlx_rlaif.records import Task
 from mlx_rlaif.rewards.base import SyntaxReward
+from mlx_rlaif.rewards.custom.client import ServerClient
 from mlx_rlaif.rewards.custom.components import ComponentsReward, Custom
 from mlx_rlaif.rewards.custom.contract import ValueProblem, check_value, units
 from mlx_rlaif.rewards.custom.pool import WorkerPool
-from mlx_rlaif.rewards.custom.server import ServerClient
 from mlx_rlaif.rewards.custom.spec import load_function
 
 ROOT = Path(__file__).resolve().parent.parent

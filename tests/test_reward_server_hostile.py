@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 
 from mlx_rlaif.records import Task
+from mlx_rlaif.rewards.custom.client import MAX_ANSWER_BYTES, ServerClient
 from mlx_rlaif.rewards.custom.contract import units
-from mlx_rlaif.rewards.custom.server import MAX_ANSWER_BYTES, ServerClient
 
 ANSWER = b'{"rewards": [1.0, 2.0]}'
 

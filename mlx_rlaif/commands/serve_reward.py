@@ -55,7 +55,8 @@ def kwargs_of(items: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..rewards.custom.server import TOKEN_ENV, make_server
+    from ..rewards.custom.client import TOKEN_ENV
+    from ..rewards.custom.server import make_server
     from ..rewards.custom.spec import load_function
 
     kwargs = kwargs_of(args.kwarg)

@@ -103,8 +103,8 @@ def _function(c: RewardComponent, r: RewardConfig, fields: set[str] | None):
 
 
 def _server(c: RewardComponent):
+    from .custom.client import ServerClient
     from .custom.components import Custom
-    from .custom.server import ServerClient
 
     client = ServerClient(c.url, c.protocol, c.kwargs, c.timeout_s)
     return Custom(c.name, c.weight, client.score, c.url, timeout_s=c.timeout_s, server=True)
