@@ -14,6 +14,7 @@ import io
 from pathlib import Path
 
 from ..errors import UsageError
+from ..terminal import text
 
 HELP = "Convert a Hugging Face model to MLX, optionally quantized (wraps mlx_lm.convert)."
 
@@ -51,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     convert_model(args.hf_path, out, args.quantize, args.q_bits, args.q_group_size, args.dtype,
                   args.trust_remote_code, console)
     what = f"{args.q_bits or 4}-bit" if args.quantize else (args.dtype or "unquantized")
-    console.print(f"[green]converted[/] {args.hf_path} -> {out} ({what}, {_size_mb(out):.1f} MB)")
+    console.print(text("converted", style="green"),
+                  text(f"{args.hf_path} -> {out} ({what}, {_size_mb(out):.1f} MB)"))
     return 0
 
 
@@ -63,8 +65,8 @@ def convert_model(hf_path: str, out: Path, quantize: bool, bits: int | None,
 
     from ..artifacts.atomic import atomic_dir
 
-    with console.status(f"loading {hf_path}") as status, atomic_dir(out) as tmp:
-        lines = StatusWriter(lambda line: status.update(line.replace("[INFO] ", "")))
+    with console.status(text(f"loading {hf_path}")) as status, atomic_dir(out) as tmp:
+        lines = StatusWriter(lambda line: status.update(text(line.replace("[INFO] ", ""))))
         tmp.rmdir()  # mlx_lm.convert refuses an existing path
         try:
             with contextlib.redirect_stdout(lines):
@@ -75,7 +77,7 @@ def convert_model(hf_path: str, out: Path, quantize: bool, bits: int | None,
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise UsageError(f"cannot convert {hf_path} ({first}): pass a Hugging Face model "
                              "directory with config.json and safetensors, or a hub id") from e
-        status.update(f"written {out}")
+        status.update(text(f"written {out}"))
     return out
 
 

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
-from ..terminal import visible
+from ..terminal import text, visible
 
 HELP = ("Convert public code sets (MBPP, APPS, ...) into task files; tasks from your own "
         "repository; check train/eval overlap.")
@@ -153,7 +153,7 @@ def run_overlap(args: argparse.Namespace) -> int:
     for col in ("train task", "eval task", "field", "score"):
         table.add_column(col)
     for m in shown:
-        table.add_row(m.train_id, m.eval_id, m.field, f"{m.score:.2f}")
+        table.add_row(text(m.train_id), text(m.eval_id), text(m.field), f"{m.score:.2f}")
     console = Console() if Console().is_terminal else Console(width=200)
     console.print(table)
     fields = ", ".join(f"{f} {n}" for f, n in rep["by_field"].items())
@@ -203,6 +203,7 @@ def add_from_repo(sub) -> None:
 
 
 def run_from_repo(args: argparse.Namespace) -> int:
+    import os
     import sys
 
     from ..config import load
@@ -220,10 +221,12 @@ def run_from_repo(args: argparse.Namespace) -> int:
     out = args.out.resolve()
     if out.is_relative_to(repo):
         raise UsageError(f"--out {args.out}: inside the repository, which is never written")
+    cfg = load(args.config, [*args.set, "reward.exec.cache_size=0"])  # the gate runs twice
+    e = cfg.reward.exec
     opts = Options(repo, args.test_command, args.python or sys.executable, args.timeout,
                    args.max_calls, args.max_tests, args.context_lines, args.max_mutants,
-                   args.min_mutation_score, args.eval_frac, args.id_prefix)
-    cfg = load(args.config, [*args.set, "reward.exec.cache_size=0"])  # the gate runs twice
+                   args.min_mutation_score, args.eval_frac, args.id_prefix, e.sandbox,
+                   e.uid_base + 2 * (e.workers or os.cpu_count() or 1))  # apart from the gate's
     reward = ExecReward(cfg.reward.exec, languages={"python"})
     try:
         done = build(opts, reward.score, say=lambda m: print(visible(m, lines=False)))

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from ..rewards.build import build_reward
     from ..rewards.custom.contract import record_fields
     from ..rewards.signals import tally_line
-    from ..terminal import visible
+    from ..terminal import text, visible
     from ..train.evaluate import evaluate_tasks
 
     if args.n < 1 or args.turns < 1:
@@ -97,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
                              converse=ops.converse, hidden_tests=args.hidden_tests)
     finally:
         reward_fn.close()
-    table = Table(title=f"{visible(args.suite, lines=False)}: {res['n_tasks']} tasks x {args.n} "
-                        f"samples, T={temp}")
+    table = Table(title=text(f"{args.suite}: {res['n_tasks']} tasks x {args.n} samples, "
+                             f"T={temp}"))
     for col in ("metric", "value"):
         table.add_column(col)
     for k in ks:
@@ -112,6 +112,6 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("generation tokens/s", f"{res['gen_tokens_per_sec']:.1f}")
     table.add_row("completions with a hacking signal", f"{res['hack_frac']:.2%}")
     Console().print(table)
-    print(tally_line(res["hacking"]))  # reasons are printable-only (signals.py)
-    print(f"per-task results: {args.out}")
+    print(visible(tally_line(res["hacking"]), lines=False))  # task ids, reasons: one line
+    print(visible(f"per-task results: {args.out}", lines=False))
     return 0

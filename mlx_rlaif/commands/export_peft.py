@@ -35,16 +35,17 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..artifacts import peft
+    from ..terminal import text, visible
 
     out = peft.export_peft(args.path, args.out, args.base_name)
     cfg = json.loads((out / peft.PEFT_CONFIG).read_text())
-    Console(stderr=True).print(
-        f"[green]exported[/] PEFT adapter -> {out} (r={cfg['r']}, lora_alpha={cfg['lora_alpha']}, "
-        f"target_modules={','.join(cfg['target_modules'])}, base {cfg['base_model_name_or_path']})")
+    Console(stderr=True).print(text("exported", style="green"), text(
+        f"PEFT adapter -> {out} (r={cfg['r']}, lora_alpha={cfg['lora_alpha']}, "
+        f"target_modules={','.join(cfg['target_modules'])}, base {cfg['base_model_name_or_path']})"))
     from ..artifacts import checkpoint
 
     pushed = push_export(args, out, "peft", cfg["base_model_name_or_path"],
                          checkpoint.resolve(args.path))
     if pushed:
-        print(pushed)
+        print(visible(pushed, lines=False))
     return 0

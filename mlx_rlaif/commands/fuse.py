@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..artifacts import atomic, fuse
+    from ..terminal import text
 
     out = atomic.check_out_dir(args.out)
     if args.q_group_size and not args.quantize:
@@ -54,19 +55,20 @@ def run(args: argparse.Namespace) -> int:
     base = checkpoint.base_model_of(adapter_dir, args.model)
     min_corr = fuse.MIN_CORRELATION if args.min_adapter_corr is None else args.min_adapter_corr
     console = Console(stderr=True)
-    with console.status(f"loading {base} + {adapter_dir.name}") as status:
+    with console.status(text(f"loading {base} + {adapter_dir.name}")) as status:
         model, tokenizer, config = fuse.load_with_adapters(base, adapter_dir)
         q = fuse.quantization_for(model, config, args.quantize, args.dequantize,
                                   args.q_group_size)
         status.update("fusing" + (f" and quantizing to {q.bits} bits" if q.bits else ""))
-        with contextlib.redirect_stdout(StatusWriter(status.update)):  # mlx-lm's [INFO] lines
+        with contextlib.redirect_stdout(StatusWriter(lambda s: status.update(text(s)))):
             fused, cfg, corr = fuse.fuse(model, config, q, min_corr)
-        status.update(f"writing {out}")
+        status.update(text(f"writing {out}"))
         fuse.save_model_dir(out, fused, tokenizer, cfg, base)
     precision = f"{q.bits}-bit" if q.bits else "float"
     kept = "adapters are zero" if corr is None else f"adapter correlation {corr:.3f}"
-    console.print(f"[green]fused[/] {adapter_dir} into {base} -> {out} ({precision}, {kept})")
+    console.print(text("fused", style="green"),
+                  text(f"{adapter_dir} into {base} -> {out} ({precision}, {kept})"))
     pushed = push_export(args, out, "mlx", base, adapter_dir)
     if pushed:
-        console.print(pushed)
+        console.print(text(pushed))
     return 0
