@@ -102,7 +102,8 @@ def test_example_config_documents_every_option_and_loads(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["quickstart.yaml", "full-python.yaml", "sft.yaml",
-                                  "sft-then-rl-sft.yaml", "sft-then-rl.yaml"])
+                                  "sft-then-rl-sft.yaml", "sft-then-rl.yaml", "distill.yaml",
+                                  "self-distill.yaml"])
 def test_shipped_configs_load_and_pass_the_checks(name):
     if name in ("sft.yaml", "sft-then-rl-sft.yaml"):  # mlx-rlaif sft's configs
         from mlx_rlaif.train.sft import load_config as load_sft

@@ -286,3 +286,45 @@ def test_two_steps_write_distill_kl_to_batches_jsonl(models, tmp_path, kind):
         assert all(m["distill/frac_context"] == 1.0 for m in lines)
     else:
         assert "+ teacher 0.00 GB" in proc.stdout + proc.stderr  # the memory plan counts it
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+def test_the_memory_plan_counts_the_teachers_weights_and_forward():
+    from mlx_rlaif.backends.mlx import memory
+    from mlx_rlaif.backends.mlx.memory import GiB, Shape, Work
+
+    mb = 2**20
+    s = Shape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16,
+              vocab=4096, weight_bytes=mb, act_bytes=4, lora_params=1000)
+    t = Shape(layers=6, hidden=512, intermediate=1376, heads=8, kv_heads=2, head_dim=64,
+              vocab=4096, weight_bytes=40 * mb, act_bytes=4, lora_params=0)
+    w = Work(prompts=2, group=4, prompt_len=20, new_tokens=100, train_rows=8)
+    alone, taught = memory.plan(s, w, 8 * GiB), memory.plan(s, w, 8 * GiB, teacher=t)
+    assert (alone.teacher, alone.teacher_pass) == (0, 0)
+    assert taught.teacher == 40 * mb
+    chunked = Work(**{**w.__dict__, "chunk_mb": memory.logits_chunk_mb(8 * GiB)})
+    assert taught.teacher_pass == memory.reference_bytes(t, chunked, taught.micro_batch) > 0
+    assert taught.peak >= alone.peak + 40 * mb
+    assert taught.peak == memory.peak_bytes(s, chunked, taught.decode_width, taught.micro_batch,
+                                            taught.checkpoint, t)
+    with pytest.raises(ConfigError, match="distill.teacher_quantize"):  # weights over budget
+        memory.plan(s, w, 30 * mb, teacher=t)
+
+
+def test_doctor_shows_the_teachers_weights_and_forward(models, monkeypatch):
+    from mlx_rlaif.commands import doctor
+
+    said: dict[str, str] = {}
+    monkeypatch.setattr(doctor, "say", lambda k, v: said.setdefault(k, v))
+    cfg = load(None, [f"model.path={models['student']}", "distill.kind=teacher",
+                      f"distill.teacher={models['teacher']}", *RUN])
+    assert doctor.memory_report(cfg)
+    assert "+ teacher" in said["memory"] and "teacher weights" in said["memory"]
+    assert "teacher forward" in said["memory"]
+    cfg = load(None, [f"model.path={models['student']}", "distill.kind=teacher",
+                      f"distill.teacher={models['other']}", *RUN])
+    said.clear()
+    assert not doctor.memory_report(cfg)
+    assert "does not encode text to the student's" in said["memory"]

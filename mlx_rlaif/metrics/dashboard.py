@@ -224,7 +224,18 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
                         if k.startswith("turns/pass_at_"))
         rows.append(("Turns", f"mean {fmt(m.get('turns/mean'), '.2f')} answers  pass "
                      + "  ".join(f"after {k}: {fmt(v, '.0%')}" for k, v in passes)))
+    if "distill/seconds" in m:
+        rows.append(("Distill", distill_text(m)))
     return rows
+
+
+def distill_text(m: Mapping[str, Any]) -> str:
+    """`kl 0.412 (p90 1.23)  context 75%  0.8 s` (distill/* metrics: distill.kind teacher or
+    self)."""
+    context = (f"  context {fmt(m.get('distill/frac_context'), '.0%')}"
+               if "distill/frac_context" in m else "")
+    return (f"kl {fmt(m.get('distill/kl'), '.4g')} (p90 {fmt(m.get('distill/kl_p90'), '.3g')})"
+            f"{context}  {fmt(m.get('distill/seconds'), '.2f')} s")
 
 
 def hack_text(m: Mapping[str, Any]) -> str:
@@ -444,6 +455,7 @@ class PlainPrinter:
 PLAIN_FIELDS = (
     ("reward", "reward/mean", ".4f"),
     ("kl", "kl/mean", ".4g"),
+    ("distill kl", "distill/kl", ".4g"),
     ("loss", "loss/total", ".4g"),
     ("clip", "policy/clipfrac", ".3f"),
     ("hacking", "hack/frac", ".0%"),

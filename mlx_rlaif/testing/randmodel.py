@@ -2,7 +2,9 @@
 
 `make_model_dir(path, shape)` writes config.json, model.safetensors and a byte-level BPE
 tokenizer with a ChatML template, so `mlx_lm.load(path)` loads it like any HF model. Shapes:
-`micro` and `tiny` (4 layers, width 256, vocab 4096: the benchmark's), `qwen0.5b` (Qwen2.5-0.5B's
+`micro` and `tiny` (4 layers, width 256, vocab 4096: the benchmark's), `tiny-teacher` (6
+layers, width 512: about 4x `tiny`'s weights, its toy tokenizer the same: a distillation
+teacher for it, tools/bench_distill.py), `qwen0.5b` (Qwen2.5-0.5B's
 shape: 24 layers, width 896, vocab 151,936) and `qwen-micro` (Qwen2.5's vocabulary on 2 layers
 of width 64: the real tokenizer's paths, fast).
 
@@ -32,6 +34,8 @@ SHAPES: dict[str, dict] = {
                        num_attention_heads=4, num_key_value_heads=2, vocab_size=65536),
     "tiny": dict(hidden_size=256, num_hidden_layers=4, intermediate_size=688,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=4096),
+    "tiny-teacher": dict(hidden_size=512, num_hidden_layers=6, intermediate_size=1376,
+                         num_attention_heads=8, num_key_value_heads=2, vocab_size=4096),
     "qwen0.5b": dict(hidden_size=896, num_hidden_layers=24, intermediate_size=4864,
                      num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
     "qwen-micro": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
