@@ -158,7 +158,19 @@ def bwrap_args(ro_paths: Sequence[str], box_host: str) -> list[str]:
     for f in _ETC:
         a += ["--ro-bind-try", f, f]
     made: set[str] = {"/", "/usr", "/etc", "/tmp", "/proc", "/dev", BOX}
-    for p in ro_paths:
+    # a path under /tmp or /dev (a repository in /tmp: rewards/exec/repo.py) is bound after the
+    # private mounts there, which would hide it
+    late = [p for p in ro_paths if Path(p).is_relative_to("/tmp") or Path(p).is_relative_to("/dev")]
+    a += _ro_binds([p for p in ro_paths if p not in late], made)
+    # a private /dev/shm too: multiprocessing's semaphores live there
+    return [*a, "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(64 << 20),
+            "--tmpfs", "/tmp", "--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm",
+            *_ro_binds(late, made), "--bind", box_host, BOX, "--chdir", BOX]
+
+
+def _ro_binds(paths: Sequence[str], made: set[str]) -> list[str]:
+    a: list[str] = []
+    for p in paths:
         if p == "/usr" or p.startswith("/usr/"):
             continue
         for parent in reversed(Path(p).parents):
@@ -166,10 +178,7 @@ def bwrap_args(ro_paths: Sequence[str], box_host: str) -> list[str]:
                 made.add(str(parent))
                 a += ["--perms", "0755", "--dir", str(parent)]
         a += ["--ro-bind", p, p]
-    # a private /dev/shm too: multiprocessing's semaphores live there
-    return [*a, "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(64 << 20),
-            "--tmpfs", "/tmp", "--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm",
-            "--bind", box_host, BOX, "--chdir", BOX]
+    return a
 
 
 # --- interpreters and paths ------------------------------------------------------------------

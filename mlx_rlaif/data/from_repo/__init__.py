@@ -48,6 +48,8 @@ class Options:
     min_score: float = 0.6
     eval_frac: float = 0.0
     id_prefix: str = ""
+    sandbox: str = "auto"  # reward.exec.sandbox
+    uid_base: int = 64000  # reward.exec.uid_base
 
 
 def is_test_path(repo: Path) -> Callable[[str], bool]:
@@ -60,7 +62,8 @@ def build(opts: Options, score: Callable, say: Callable[[str], None] = print) ->
     reward's. Returns {"train", "eval", "summary"}."""
     t0 = time.monotonic()
     repo = opts.repo.resolve()
-    rec = record(repo, opts.test_command, opts.python, opts.timeout_s, opts.max_calls, say=say)
+    rec = record(repo, opts.test_command, opts.python, opts.timeout_s, opts.max_calls,
+                 opts.sandbox, opts.uid_base, say=say)
     files = python_files(repo)
     top, inner = defined_functions(repo, files, is_test_path(repo))
     called = [f for f in rec.functions if f["calls"] or f["tests"]]

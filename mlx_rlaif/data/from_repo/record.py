@@ -94,12 +94,14 @@ def command_argv(command: str, python: str) -> list[str]:
 
 
 def record(repo: Path, command: str, python: str, timeout_s: float, max_calls: int,
-           sandbox_mode: str = "auto", say: Callable[[str], None] = print) -> Recording:
+           sandbox_mode: str = "auto", uid_base: int = 64000,
+           say: Callable[[str], None] = print) -> Recording:
     """Run `command` in `repo` once under the recorder; the merged records of its processes."""
     repo = repo.resolve()
     check_project(repo)
     paths = interpreter_path(python)
-    sandbox = Sandbox(sandbox_mode, slots=1, python=python, ro_paths=[str(repo), *paths])
+    sandbox = Sandbox(sandbox_mode, slots=1, uid_base=uid_base, python=python,
+                      ro_paths=[str(repo), *paths])
     argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', str(repo), *command_argv(command, python)]
     limits = Limits(timeout_s=timeout_s, cpu_s=int(timeout_s) + 1, memory_mb=4096,
                     file_size_mb=64, open_files=1024, processes=256, output_bytes=256 << 10)

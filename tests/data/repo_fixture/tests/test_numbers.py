@@ -1,5 +1,4 @@
 import pytest
-
 from minitext import numbers
 
 

@@ -1,5 +1,4 @@
 import pytest
-
 from minitext.strings import count_vowels, is_palindrome, slugify, truncate
 
 

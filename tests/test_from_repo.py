@@ -1,0 +1,289 @@
+"""`mlx-rlaif data from-repo`: a repository and its tests into verified tasks (issue 59).
+
+The fixture repository (tests/data/repo_fixture: three modules, a pytest suite written for it)
+is built into tasks through the CLI once per module; the references all pass through `score
+--reward exec`, blank bodies all fail, whole modules are held out, a training run takes 2 steps
+on them. Bad repositories end in one line with exit code 2. Hostile runs: the repository's
+tests and the student's function cannot write into the repository, and the student cannot read
+outside it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mlx_rlaif.data.from_repo.mutate import blank_bodies, mutants
+from mlx_rlaif.data.from_repo.tasks import cut, definition, split_by_module, stub
+from mlx_rlaif.rewards.exec.repo import splice, student_program
+
+FIXTURE = Path(__file__).parent / "data" / "repo_fixture"
+UIDS = ["--set", "reward.exec.uid_base=64700"]  # apart from other suites' sandbox uids
+
+
+def bwrap() -> bool:
+    from mlx_rlaif.sandbox import Sandbox
+
+    try:
+        return Sandbox("auto").mode == "bwrap"
+    except Exception:  # noqa: BLE001 - no sandbox here at all
+        return False
+
+
+needs_bwrap = pytest.mark.skipif(not bwrap(), reason="read-only binds need the bwrap sandbox")
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mlx_rlaif.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+# --- pure parts -----------------------------------------------------------------------------------
+
+CLAMP = (FIXTURE / "minitext" / "numbers.py").read_text()
+
+
+def test_mutants_change_one_place_each_and_never_the_docstring():
+    _, source = definition(CLAMP, "clamp")
+    ms = mutants(source, "clamp", 100)
+    assert len(ms) >= 8 and len(set(ms)) == len(ms)
+    for m in ms:
+        compile(m, "m", "exec")
+        assert '"""`x` limited to the range [lo, hi]."""' in m
+    assert any("lo >= hi" in m for m in ms) and any("pass" in m for m in ms)
+    assert mutants(source, "clamp", 3) == mutants(source, "clamp", 3)  # seeded
+    blanks = blank_bodies(source, "clamp")
+    assert [b.splitlines()[-1].strip() for b in blanks] == [
+        "pass", "return None", "raise NotImplementedError"]
+
+
+def test_the_prompt_keeps_the_signature_docstring_and_the_rest_of_the_module():
+    node, _ = definition(CLAMP, "mean")
+    out, start = stub(CLAMP, node)
+    text = "\n".join(out)
+    assert 'def mean(values):\n    """The arithmetic mean of `values`' in text
+    assert "return sum(values) / len(values)" not in text
+    assert "def gcd(a, b):" in text and "a, b = b, a % b" in text  # other definitions kept
+    short = cut(out, start, 6)
+    assert "def mean(values):" in short and "lines above cut" in short and len(
+        short.splitlines()) == 8
+
+
+def test_the_student_function_replaces_only_its_own_definition():
+    answer = "import math\n\ndef gcd(a, b):\n    return math.gcd(a, b)\n"
+    spliced = splice(CLAMP, "gcd", answer)
+    assert "return math.gcd(a, b)" in spliced and "a, b = b, a % b" not in spliced
+    assert "def clamp(x, lo, hi):" in spliced and "def digits(n, base=10):" in spliced
+    assert splice(CLAMP, "gcd", "def other():\n    pass\n") is None
+    repo = {"path": "/r", "file": "minitext/numbers.py", "module": "minitext.numbers",
+            "root": "/r", "source": CLAMP, "sys_path": []}
+    assert "NameError" in student_program(repo, "gcd", "x = 1\n")
+    assert student_program(repo, "gcd", "def gcd(:\n") == "def gcd(:\n"  # the build says why
+
+
+def test_eval_holds_out_whole_modules():
+    recs = [{"id": f"{m}:{i}", "repo": {"module": m}} for m in ("a", "b", "c") for i in range(4)]
+    train, evals = split_by_module(recs, 0.3)
+    assert evals and train
+    assert not {r["repo"]["module"] for r in train} & {r["repo"]["module"] for r in evals}
+    assert split_by_module(recs, 0.0) == (recs, [])
+    assert split_by_module(recs, 0.99)[0]  # one module always trains
+
+
+# --- the CLI on the fixture repository -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("from_repo") / "tasks.jsonl"
+    r = cli("data", "from-repo", str(FIXTURE), "--out", str(out), "--eval-frac", "0.3",
+            "--max-mutants", "5", *UIDS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "mutation score (measured" in r.stdout and "held out (whole modules)" in r.stdout
+    return out
+
+
+@needs_bwrap
+def test_from_repo_tasks_pass_with_their_reference_and_fail_empty(built: Path, tmp_path: Path):
+    train, evals = lines(built), lines(built.with_name("tasks.eval.jsonl"))
+    summary = json.loads(built.with_name("tasks.summary.json").read_text())
+    assert summary["functions_found"] == 13 and summary["called"] == 12
+    assert summary["not_called"] == 1  # initials()
+    assert len(train) + len(evals) == summary["kept"] >= 8
+    assert not {t["repo"]["module"] for t in train} & {t["repo"]["module"] for t in evals}
+    for t in train + evals:
+        assert t["gate"]["mutation_score"] >= 0.6 and t["gate"]["blank_bodies_fail"]
+        assert t["repo"]["file"].startswith("minitext/") and t["calls"] and t["repo_tests"]
+        assert t["solution"].startswith(f"def {t['entry_point']}(")
+    scored = tmp_path / "in.jsonl"
+    rows = []
+    for t in train + evals:
+        rows.append({**t, "id": t["id"] + "#ref", "completion": t["solution"]})
+        for k, blank in enumerate(blank_bodies(t["solution"], t["entry_point"])):
+            rows.append({**t, "id": f"{t['id']}#blank{k}", "completion": blank})
+    scored.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = cli("score", "--file", str(scored), "--out", str(tmp_path / "out.jsonl"), "--reward",
+            "exec", *UIDS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = lines(tmp_path / "out.jsonl")
+    refs = [o for o in out if o["id"].endswith("#ref")]
+    blanks = [o for o in out if "#blank" in o["id"]]
+    assert refs and all(o["details"]["passed"] == o["details"]["total"] for o in refs), [
+        o["reason"] for o in refs]
+    assert len(blanks) == 3 * len(refs)
+    assert all(o["reward"] is not None and o["details"]["passed"] < o["details"]["total"]
+               for o in blanks)
+    ov = cli("data", "overlap", str(built), str(built.with_name("tasks.eval.jsonl")))
+    assert ov.returncode == 0, ov.stderr
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_two_training_steps_on_repository_tasks(built: Path, micro_model: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mlx_rlaif.cli", "train", "--model", str(micro_model),
+           "--train-file", str(built), "--output-dir", str(out), "--max-steps", "2",
+           "--set", "reward.type=exec", "--set", "generation.max_new_tokens=8",
+           "--set", "generation.num_samples_per_prompt=2", "--set", "rl.drop_zero_std=false",
+           *UIDS]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    steps = lines(out / "batches.jsonl")
+    assert len(steps) == 2 and all(s["reward/mean"] is not None for s in steps)
+
+
+# --- bad repositories: one line, exit code 2 --------------------------------------------------------
+
+
+def copy_fixture(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURE, repo)
+    return repo
+
+
+def one_line_error(r: subprocess.CompletedProcess, words: str) -> None:
+    assert r.returncode == 2, r.stdout + r.stderr
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert err and words in err[-1], r.stderr
+
+
+def test_not_a_python_project(tmp_path: Path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no code here\n")
+    r = cli("data", "from-repo", str(tmp_path / "empty"), "--out", str(tmp_path / "t.jsonl"))
+    one_line_error(r, "not a Python project")
+
+
+@needs_bwrap
+def test_tests_that_fail_before_any_change_and_a_hanging_command(tmp_path: Path):
+    repo = copy_fixture(tmp_path)
+    test = repo / "tests" / "test_lists.py"
+    test.write_text(test.read_text() + "\n\ndef test_broken():\n    assert False\n")
+    out = str(tmp_path / "t.jsonl")
+    r = cli("data", "from-repo", str(repo), "--out", out, *UIDS)
+    one_line_error(r, "tests fail before any change")
+    assert "1 failed" in r.stderr or "test_broken" in r.stderr, r.stderr  # pytest's own line
+    hang = "python -c 'import time; time.sleep(600)'"
+    r = cli("data", "from-repo", str(repo), "--out", out, "--test-command", hang, "--timeout",
+            "2", *UIDS, timeout=120)
+    one_line_error(r, "did not end within --timeout 2 s")
+
+
+@needs_bwrap
+def test_no_function_with_recorded_calls(tmp_path: Path):
+    repo = tmp_path / "quiet"
+    (repo / "quiet").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("[project]\nname = 'quiet'\n")
+    (repo / "quiet" / "__init__.py").write_text("def unused(x):\n    return x\n")
+    (repo / "test_quiet.py").write_text("def test_nothing():\n    assert 1 + 1 == 2\n")
+    r = cli("data", "from-repo", str(repo), "--out", str(tmp_path / "t.jsonl"), *UIDS)
+    one_line_error(r, "no function of the repository has recorded calls")
+
+
+# --- hostile: nothing of the repository is writable, nothing outside it is visible ---------------
+
+
+@needs_bwrap
+def test_the_repository_tests_cannot_write_into_the_repository(tmp_path: Path):
+    repo = copy_fixture(tmp_path)
+    (repo / "tests" / "test_zz_write.py").write_text(textwrap.dedent("""
+        import os
+
+        def test_write():
+            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            with open(os.path.join(here, "minitext", "planted.py"), "w") as f:
+                f.write("x = 1\\n")
+    """))
+    r = cli("data", "from-repo", str(repo), "--out", str(tmp_path / "t.jsonl"), *UIDS)
+    one_line_error(r, "tests fail before any change")
+    assert not (repo / "minitext" / "planted.py").exists()
+    assert not list(repo.rglob("__pycache__")) and not (repo / ".pytest_cache").exists()
+
+
+@needs_bwrap
+def test_the_student_cannot_write_the_repository_or_read_outside_it(built: Path):
+    from mlx_rlaif.config import load
+    from mlx_rlaif.data import task_from_record
+    from mlx_rlaif.rewards.exec import ExecReward
+
+    rec = next(t for t in lines(built) + lines(built.with_name("tasks.eval.jsonl"))
+               if t["entry_point"] == "gcd" or t["repo"]["module"] == "minitext.numbers")
+    task = task_from_record(rec, rec["id"])
+    target = Path(rec["repo"]["path"]) / rec["repo"]["file"]
+    before = target.read_bytes()
+    outside = Path(__file__).resolve().parents[1] / "pyproject.toml"  # this project's, not theirs
+    name = rec["entry_point"]
+    hostile = textwrap.dedent(f"""
+        def {name}(*args, **kwargs):
+            import os
+            for path in ({str(target)!r}, {str(target.parent / 'planted.py')!r}):
+                try:
+                    with open(path, "a") as f:
+                        f.write("# changed")
+                    return "wrote " + path
+                except OSError:
+                    pass
+            try:
+                open({str(outside)!r}).read()
+                return "read outside"
+            except OSError:
+                pass
+            return "contained"
+    """)
+    cfg = load(None, ["reward.exec.uid_base=64700"])
+    reward = ExecReward(cfg.reward.exec, languages={"python"})
+    try:
+        r = reward.score([task], [hostile])[0]
+    finally:
+        reward.close()
+    assert r.value is not None and r.details["passed"] < r.details["total"]
+    got = [t.get("got", "") + t.get("message", "") for t in r.details["tests"]]
+    assert any("contained" in g for g in got), got
+    assert target.read_bytes() == before and not (target.parent / "planted.py").exists()
+
+
+@needs_bwrap
+def test_a_read_only_path_under_tmp_is_not_hidden_by_the_private_tmp(tmp_path: Path):
+    """Failing first: bwrap bound it before mounting the private /tmp over it (a repository in
+    /tmp could not be entered)."""
+    from mlx_rlaif.sandbox import Limits, Sandbox
+
+    (tmp_path / "data.txt").write_text("visible\n")
+    tmp_path.chmod(0o755)
+    sandbox = Sandbox("bwrap", slots=1, uid_base=64700)
+    sandbox.also_read([str(tmp_path)])
+    with sandbox.box() as box:
+        r = sandbox.run(box, ["/bin/sh", "-c", f"cat {tmp_path}/data.txt; echo x > "
+                              f"{tmp_path}/data.txt"], Limits())
+    assert r.stdout == b"visible\n", r.stderr
+    assert (tmp_path / "data.txt").read_text() == "visible\n"  # read-only
