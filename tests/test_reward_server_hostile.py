@@ -146,10 +146,12 @@ def _huge(declared: bool):
         total = 200 * 2**20
         head = "HTTP/1.1 200 OK\r\n" + (f"Content-Length: {total}\r\n" if declared else
                                         "Connection: close\r\n")
-        conn.sendall(head.encode() + b"\r\n" + b'{"rewards": [' + b" " * 13)
-        block = b" " * 2**20
-        for _ in range(total // len(block) - 1):
-            conn.sendall(block)
+        start = b'{"rewards": ['
+        conn.sendall(head.encode() + b"\r\n" + start)
+        block, left = b" " * 2**20, total - len(start)
+        while left > 0:
+            conn.sendall(block[:left])
+            left -= len(block)
     return serve
 
 
