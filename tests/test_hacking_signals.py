@@ -121,6 +121,20 @@ def test_the_key_never_reaches_the_student() -> None:
     assert "reads_harness" in seen.events  # it read /proc/self/cmdline
 
 
+@pytest.mark.parametrize("mode", ["process", "bwrap"])
+def test_nothing_of_the_launcher_is_in_main_and_its_c_library_is_gone(mode: str) -> None:
+    """The program's __main__ is its own (the launcher ran as `-c`, so its globals were
+    __main__'s): no launcher names, no ctypes left loaded for a silent C call (issue 57)."""
+    if mode == "bwrap" and BWRAP_SKIP:
+        pytest.skip(BWRAP_SKIP)
+    code = ("import sys\nm = sys.modules['__main__']\n"
+            "print(sorted(k for k in vars(m) if not k.startswith('__')), 'ctypes' in sys.modules)\n")
+    r, seen = _run(Sandbox(mode, slots=1, uid_base=64100), code)
+    assert r.ok, r.stderr
+    assert r.stdout.decode().split() == ["['m',", "'sys']", "False"], r.stdout
+    assert seen.ends == [("return", "0")] and not seen.events
+
+
 @pytest.fixture(scope="module", params=["process", "bwrap"])
 def scored(request: pytest.FixtureRequest) -> dict:
     """The runtime corpus, the honest corpus and the sandbox tests' hostile programs, scored in

@@ -7,7 +7,8 @@ launcher before any student code) and the event pipe (only its write end goes in
 `read()` returns an `Observed`: each kind the hook reported (with the first detail), how many
 runs started (and reached the function server's loop), how each run that reached its end ended,
 and lines that are not the hook's
-(a forged or garbled channel). Whether a silent end (no `end` line from a run that exited by
+(a forged or garbled channel). A run that exits with `TAMPERED` (audit_hook.py) was ended by
+the hook because its channel was closed or replaced. Whether a silent end (no `end` line from a run that exited by
 itself) or a forged line means tampering is decided with the run's result (rewards/exec).
 
 Not covered: anything audit_hook.py does not record (its docstring).
@@ -20,6 +21,8 @@ import secrets
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .audit_hook import TAMPERED
 
 
 def _code(path: Path) -> str:
@@ -36,6 +39,7 @@ def _code(path: Path) -> str:
 HOOK = _code(Path(__file__).with_name("audit_hook.py"))
 MAX_READ = 1 << 16  # bytes read back: the hook's summary is a few hundred
 KEY_BYTES = 32  # the key as hex text: each launcher reads exactly this many bytes
+__all__ = ["TAMPERED", "Channel", "Observed", "parse"]
 PROTECT = ("harness.py", "task.json", "launcher.py", "audit_hook.py")
 
 

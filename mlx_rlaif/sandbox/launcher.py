@@ -173,9 +173,10 @@ def _run_python(path, argv, audit=None):
     sys.argv = list(argv)
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec")
+    main = _fresh_main(path, builtins)
     end = _audit(audit) if audit else None
     try:
-        exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
+        exec(code, main.__dict__)
     except SystemExit as e:
         if end:
             end("exit", e.code)
@@ -187,6 +188,19 @@ def _run_python(path, argv, audit=None):
     if end:
         end("return", 0)
     sys.exit(0)
+
+
+def _fresh_main(path, builtins):
+    """The program's own __main__ module: nothing of the launcher's is in it, and the C library
+    handle and ctypes (with the function pointers the launcher resolved, whose calls raise no
+    audit event) are dropped, so the program's `import ctypes` is its own (an audit event)."""
+    _LIBC.clear()
+    for name in [m for m in sys.modules if m.partition(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]
+    main = type(sys)("__main__")
+    main.__file__, main.__builtins__ = path, builtins
+    sys.modules["__main__"] = main
+    return main
 
 
 def _audit_key(audit):

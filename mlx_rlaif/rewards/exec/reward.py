@@ -702,8 +702,8 @@ def static_signals(task: Task, completion: str, fmt: str) -> list[dict[str, str]
     """The hacking signals of the student's own code, read without running it (signals.py)."""
     code = extract_code(completion, task.language)
     if task.language == "python":
-        return hacks.python_static(task, code, fmt)
-    return hacks.native_static(task, code)
+        return hacks.python_static(task, code, fmt) + hacks.to_grader(completion, task.language)
+    return hacks.native_static(task, code) + hacks.to_grader(completion, task.language)
 
 
 def check_penalty(cfg: ExecConfig) -> None:
