@@ -328,3 +328,13 @@ def test_doctor_shows_the_teachers_weights_and_forward(models, monkeypatch):
     said.clear()
     assert not doctor.memory_report(cfg)
     assert "does not encode text to the student's" in said["memory"]
+
+
+def test_the_dashboard_and_the_plain_line_show_the_distillation_metrics():
+    from mlx_rlaif.metrics.dashboard import distill_text, plain_line
+
+    m = {"distill/kl": 0.4123, "distill/kl_p90": 1.234, "distill/seconds": 0.81,
+         "distill/frac_context": 0.75, "reward/mean": 0.5}
+    assert distill_text(m) == "kl 0.4123 (p90 1.23)  context 75%  0.81 s"
+    assert "context" not in distill_text({k: v for k, v in m.items() if "context" not in k})
+    assert "distill kl 0.4123" in plain_line(3, 10, m)

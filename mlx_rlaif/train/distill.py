@@ -15,7 +15,9 @@ tokens that have one: this rank's), distill/seconds (the target pass), distill/f
 (self: the share of completions that had a context).
 
 Not covered: the torch backend (config.check refuses it); context longer than the model's
-window (the prompt is not cut).
+window (the prompt is not cut); the memory plan counts self-distillation's pass as a reference
+pass over the task's prompt, not the longer prompt with context (its phase limit, made from
+the rollouts at hand, does see it).
 """
 
 from __future__ import annotations
