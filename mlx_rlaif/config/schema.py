@@ -456,11 +456,13 @@ class RewardComponent:
                     "function's name).")
     weight: float = opt(1.0, "Its weight in the sum (0: computed and logged, not trained on).",
                         _nonneg)
-    kwargs: dict = opt({}, "Keyword arguments passed to the function (or in the server "
-                       "request) as they are.")
+    kwargs: dict = opt({}, "Keyword arguments passed to the function as they are (kind "
+                       "server: sent in each request; serve-reward accepts only the keys its "
+                       "operator allows with --request-kwarg).")
     timeout_s: float = opt(30.0, "kind function: the most seconds one call may take (a "
                            "completion's, or a batch's or group's for a function of lists): "
-                           "past it the worker process is killed; kind server: per request.",
+                           "past it the worker process is killed; kind server: the whole "
+                           "request's deadline (connect, send, every byte of the answer).",
                            _pos)
     group: bool = opt(False, "kind function taking lists (completions, prompts, ...): called once "
                       "per prompt with its G completions, instead of once with the whole batch.")
