@@ -308,7 +308,7 @@ def test_summary_reads_no_markup_from_records_or_the_run_path(tmp_path: Path) ->
     assert "task id-t\\x1b]0;pwned" in proc.stdout and "c[/y]" in proc.stdout
 
 
-def test_export_gguf_shows_a_hostile_base_model_path_as_text(micro_model: Path,
+def test_export_gguf_and_fuse_show_a_hostile_base_model_path_as_text(micro_model: Path,
                                                              tmp_path: Path) -> None:
     """Failing first: the base model recorded in adapter_config.json reached the terminal raw
     (a title, a hyperlink), and one holding `[/y]` ended in rich's MarkupError traceback."""
@@ -325,9 +325,10 @@ def test_export_gguf_shows_a_hostile_base_model_path_as_text(micro_model: Path,
     manifest = json.loads((ckpt / "manifest.json").read_text())
     manifest["files"]["adapter_config.json"] = (ckpt / "adapter_config.json").stat().st_size
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
-    proc = run_cli("export-gguf", run, "--out", tmp_path / "out", cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr  # refused in one line
-    data = proc.stdout + proc.stderr
-    assert_no_hostile_bytes(data)
-    assert "loading " in data and "pwned" in data  # the status line, escaped
-    assert data.count("mlx-rlaif export-gguf: error:") == 1
+    for command in ("export-gguf", "fuse"):  # fuse prints the base the same way
+        proc = run_cli(command, run, "--out", tmp_path / "out", cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr  # refused in one line
+        data = proc.stdout + proc.stderr
+        assert_no_hostile_bytes(data)
+        assert "loading " in data and "pwned" in data  # the status line, escaped
+        assert data.count(f"mlx-rlaif {command}: error:") == 1

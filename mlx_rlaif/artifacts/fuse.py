@@ -48,6 +48,11 @@ def load_with_adapters(base: str, adapter_dir: Path) -> tuple[nn.Module, Any, di
         first = str(e).strip().splitlines()
         raise CheckpointError(f"{adapter_dir} does not fit {base} ({first[0] if first else e}): "
                               "pass the base model it was trained on with --model") from e
+    except FileNotFoundError as e:  # no weights; also a path holding [ or ] (read as a glob)
+        hint = (": mlx-lm reads '[' and ']' in a path as a pattern, so link the model to a path "
+                "without them" if any(c in str(source) for c in "[]") else
+                ": check the path or hub id (--model)")
+        raise UsageError(f"model {base} could not be loaded (no weights found){hint}") from e
     return model, tokenizer, config
 
 
