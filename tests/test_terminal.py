@@ -91,10 +91,13 @@ def test_plain_lines_and_log_lines_write_no_control_bytes() -> None:
     logger.addHandler(handler)
     try:
         logger.warning("exec reward: task %s: %s", HOSTILE, HOSTILE)
+        logger.warning("reward component boom failed: %s", "bad\nscored 9/9 completions")
     finally:
         logger.removeHandler(handler)
     logged = handler.stream.getvalue()
     assert "\x1b" not in logged and "\\x1b]0;pwned" in logged
+    # failing first: a newline in a function's exception made a line of its own
+    assert logged.count("\n") == 2 and "failed: bad\\nscored 9/9" in logged
 
 
 def test_validate_report_and_summary_table_write_no_control_bytes() -> None:
