@@ -37,6 +37,7 @@ import pytest
 from mlx_rlaif.records import Task
 from mlx_rlaif.rewards.custom.client import MAX_ANSWER_BYTES, ServerClient
 from mlx_rlaif.rewards.custom.contract import units
+from mlx_rlaif.rewards.custom.server import host_allowed
 
 ANSWER = b'{"rewards": [1.0, 2.0]}'
 
@@ -319,6 +320,17 @@ def test_the_host_must_be_the_servers_address(served, host, ok):
         assert status == 200, answer
     else:
         assert status == 403 and "is not this server's address" in _one_line(answer)
+
+
+@pytest.mark.parametrize("bound, host, ok", [
+    ("0.0.0.0", "10.0.0.7:8400", True), ("0.0.0.0", "localhost:8400", True),
+    ("0.0.0.0", "gpu-box.lan:8400", False), ("10.0.0.7", "10.0.0.7:8400", True),
+    ("10.0.0.7", "127.0.0.1:8400", False), ("10.0.0.7", "localhost:8400", False),
+    ("127.0.0.1", "127.0.0.1:8401", False), ("127.0.0.1", "127.0.0.1:8400\r\nX: y", False)])
+def test_the_host_check_on_other_bound_addresses(bound, host, ok):
+    """Bound to every address, any address literal and localhost pass, never a name; bound to
+    one address, only it."""
+    assert host_allowed(host, bound, 8400) is ok
 
 
 @pytest.mark.parametrize("headers, ok", [

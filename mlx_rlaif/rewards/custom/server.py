@@ -141,7 +141,8 @@ def host_allowed(host: str | None, bound: str, port: int) -> bool:
     try:
         theirs = ipaddress.ip_address(name)
     except ValueError:
-        return name == "localhost" and ours is not None and ours.is_loopback
+        return name == "localhost" and ours is not None and (ours.is_loopback or
+                                                             ours.is_unspecified)
     return theirs == ours or (ours is not None and ours.is_unspecified)
 
 
