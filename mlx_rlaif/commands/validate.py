@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..terminal import text
 
 HELP = "Compare a fine-tuned model with its baseline on the same prompts; report and JSON."
 
@@ -202,7 +203,7 @@ def validate(args: argparse.Namespace, console: Any) -> dict[str, Any]:
     try:
         for key, path, override in (("baseline", args.baseline, None),
                                     ("fine_tuned", args.fine_tuned, args.model)):
-            with console.status(f"{key}: loading {path}"):
+            with console.status(text(f"{key}: loading {path}")):
                 policy, desc = load_side(path, override, cfg, args.seed)
             with console.status(f"{key}: generating and scoring {len(tasks)} prompts"):
                 sides[key] = generate_and_score(key, policy, tasks, reward_fn, cfg, params,
@@ -297,5 +298,5 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     write_json(out, rep)
     print_report(rep, console, args.show, args.print_chars)
-    console.print(f"report written to {out}")
+    console.print(text(f"report written to {out}"))
     return 0
