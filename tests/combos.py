@@ -71,6 +71,11 @@ FACTORS: dict[str, dict[str, tuple[str, ...]]] = {
     "reward.components": {"exec": (), "exec+function": (
         f"reward.components=[{{kind: exec, weight: 0.7}}, {{kind: function, weight: 0.3, "
         f"fn: '{FORMAT_REWARD}'}}]",)},
+    # a target for every token: the shipped tiny model as the teacher (its tokenizer is the
+    # student's), or the student with its exec feedback in context
+    "distill.kind": {"off": (), "teacher": ("distill.kind=teacher",
+                                            "distill.teacher=builtin:tiny-coder"),
+                     "self": ("distill.kind=self",)},
 }
 
 # the dotted keys by which a refusal names each factor
@@ -292,6 +297,12 @@ def violations(row: dict[str, str], cfg: Any, steps: Sequence[dict[str, float]],
             total = P * int(row["training.gradient_accumulation_steps"]) * G
             if m["train/sequences"] != total:
                 bad(f"train/sequences {m['train/sequences']} != P x G = {total}")
+        distill = row.get("distill.kind", "off")
+        keys = {k for k in m if k.startswith("distill/")}
+        want = {"off": set(), "teacher": {"distill/kl", "distill/kl_p90", "distill/seconds"},
+                "self": {"distill/frac_context", "distill/seconds"}}[distill]
+        if not want <= keys or (distill == "off" and keys):
+            bad(f"distill.kind {distill} but the metrics {sorted(keys)}")
     adaptive = row["rl.adaptive_kl"] == "true" and row["KL"] != "off" and len(steps) == 2
     if adaptive and steps[0]["kl/penalty"] == steps[1]["kl/penalty"]:
         out.append("the adaptive controller left kl/penalty where it was")
