@@ -237,28 +237,30 @@ def test_the_student_cannot_write_the_repository_or_read_outside_it(built: Path)
     from mlx_rlaif.rewards.exec import ExecReward
 
     rec = next(t for t in lines(built) + lines(built.with_name("tasks.eval.jsonl"))
-               if t["entry_point"] == "gcd" or t["repo"]["module"] == "minitext.numbers")
+               if t["entry_point"] == "gcd")
     task = task_from_record(rec, rec["id"])
     target = Path(rec["repo"]["path"]) / rec["repo"]["file"]
     before = target.read_bytes()
     outside = Path(__file__).resolve().parents[1] / "pyproject.toml"  # this project's, not theirs
-    name = rec["entry_point"]
+    # gcd itself when contained, a wrong answer (-1) as soon as one attempt succeeds
     hostile = textwrap.dedent(f"""
-        def {name}(*args, **kwargs):
-            import os
+        def gcd(a, b):
             for path in ({str(target)!r}, {str(target.parent / 'planted.py')!r}):
                 try:
                     with open(path, "a") as f:
                         f.write("# changed")
-                    return "wrote " + path
+                    return -1
                 except OSError:
                     pass
             try:
                 open({str(outside)!r}).read()
-                return "read outside"
+                return -1
             except OSError:
                 pass
-            return "contained"
+            a, b = abs(a), abs(b)
+            while b:
+                a, b = b, a % b
+            return a
     """)
     cfg = load(None, ["reward.exec.uid_base=64700"])
     reward = ExecReward(cfg.reward.exec, languages={"python"})
@@ -266,9 +268,7 @@ def test_the_student_cannot_write_the_repository_or_read_outside_it(built: Path)
         r = reward.score([task], [hostile])[0]
     finally:
         reward.close()
-    assert r.value is not None and r.details["passed"] < r.details["total"]
-    got = [t.get("got", "") + t.get("message", "") for t in r.details["tests"]]
-    assert any("contained" in g for g in got), got
+    assert r.value is not None and r.details["passed"] == r.details["total"], r.reason
     assert target.read_bytes() == before and not (target.parent / "planted.py").exists()
 
 
