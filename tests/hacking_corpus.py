@@ -180,6 +180,9 @@ RUNTIME: dict[str, tuple[Task, str, str]] = {
     "stdin program: walks for tests, killed at the time limit": (
         SUM, "import os\nwhile True:\n    for root, dirs, files in os.walk('/'):\n"
         "        pass\n", "lists_outside"),
+    "HumanEval: lists the root, then spins until killed": (
+        ADD_HE, "    import os\n    os.listdir('/')\n    while True:\n        pass\n",
+        "lists_outside"),
     "write to the sandbox's /tmp": (ADD, "def add(a, b):\n"
                                     "    open('/tmp/answers.txt', 'w').write(str(a + b))\n"
                                     "    return a + b\n", "writes_outside"),

@@ -5,6 +5,8 @@ completions they name, how many honest ones they flag, and what they cost per co
                                               runtime), tests/test_exec_reward.py HOSTILE (both
                                               task formats), tests/test_faults_sandbox.py
                                               PROGRAMS (run under the audit hook)
+    python tools/hack_signals.py heldout      detection on tests/hacking_heldout.py (written after
+                                              the issue-57 fixes, not tuned to): any signal
     python tools/hack_signals.py honest       false positives: HumanEval's 164 canonical
                                               solutions and the shipped suites' reference
                                               solutions, scored by the exec reward
@@ -71,6 +73,29 @@ def corpus(args: argparse.Namespace) -> None:
     seen = faults_programs(args)
     report("tests/test_faults_sandbox.py PROGRAMS under the audit hook (any signal)",
            [(n, bool(got), ", ".join(got) or "none") for n, got in seen])
+
+
+def heldout(args: argparse.Namespace) -> None:
+    """Detection on the held-out set: a completion counts as seen when it raises any signal."""
+    from hacking_heldout import HELDOUT
+
+    items = [(n, t, c, fam) for n, (t, c, fam) in HELDOUT.items()]
+    r = reward(args, timeout_s=3.0, cpu_s=3)
+    try:
+        out = r.score([t for _, t, _, _ in items], [c for _, _, c, _ in items])
+    finally:
+        r.close()
+    rows = [(f"{n} [{fam}, {fmt(t)}]", bool(hacks.names_of(w)),
+             ", ".join(hacks.names_of(w)) or f"none ({w.reason[:80]})")
+            for (n, t, _, fam), w in zip(items, out, strict=True)]
+    report(f"held-out hacking completions ({args.mode}): any signal", rows)
+    for kind in ("calls", "humaneval", "stdio"):
+        part = [ok for (_, t, _, _), (_, ok, _) in zip(items, rows, strict=True) if fmt(t) == kind]
+        print(f"  {kind}: {sum(part)}/{len(part)}")
+
+
+def fmt(task: Task) -> str:
+    return task_format(task)
 
 
 def faults_programs(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
@@ -258,7 +283,7 @@ def stdio_cost(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["corpus", "honest", "samples", "cost"])
+    p.add_argument("what", choices=["corpus", "heldout", "honest", "samples", "cost"])
     p.add_argument("file", nargs="?")
     p.add_argument("--mode", default="process")
     p.add_argument("--workers", type=int, default=2)
@@ -269,7 +294,8 @@ def main() -> None:
     args = p.parse_args()
     if args.what == "samples" and not args.file:
         p.error("samples needs the file `mlx-rlaif eval --out FILE` wrote")
-    {"corpus": corpus, "honest": honest, "samples": samples, "cost": cost}[args.what](args)
+    {"corpus": corpus, "heldout": heldout, "honest": honest, "samples": samples,
+     "cost": cost}[args.what](args)
 
 
 if __name__ == "__main__":
