@@ -227,7 +227,7 @@ def render(report: dict[str, Any]) -> Any:
                         f"tasks", title_justify="left")
     table.add_column("check")
     for col in cols:  # difficulty labels from the task file: control characters escaped
-        table.add_column(visible(col, lines=False), justify="right")
+        table.add_column(Text(visible(col, lines=False)), justify="right")  # no markup read
     for label, path, spec in ROWS:
         if found.get(path[0]) is None:
             continue
