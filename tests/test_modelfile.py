@@ -87,6 +87,22 @@ def test_what_can_be_quoted_is_written_not_refused() -> None:
                             ["<|im_end|>"], None)
 
 
+def test_any_value_from_the_characters_that_matter_is_read_back_or_refused() -> None:
+    """3,000 random values over quotes, line ends, spaces, `#`, `{` and a control character,
+    as a stop, the system prompt and the default system turn."""
+    import random
+
+    rng = random.Random(57)
+    alphabet = ['"', '"', '"', "\n", " ", "\t", "#", "a", "{", "\r", "\x1b", "'", "\\"]
+    outcomes = {"written": 0, "refused": 0}
+    for _ in range(1000):
+        value = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9)))
+        for args in ((["<|im_end|>", value], None), (["<|im_end|>"], value),
+                     (["<|im_end|>"], None, modelfile.ChatFormat("chatml", value))):
+            outcomes[written_or_refused(*args)] += 1
+    assert outcomes["written"] > 1000 and outcomes["refused"] > 100, outcomes
+
+
 def test_an_end_of_sequence_token_from_a_tokenizer_config(tmp_path: Path) -> None:
     """A downloaded model's tokenizer whose end-of-sequence token is INJECT, loaded as export
     loads it: the Modelfile either carries it as one stop or is refused."""
