@@ -32,8 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="BASE",
                    help="Base model (default: base_model recorded in adapter_config.json).")
     p.add_argument("--name", default=None,
-                   help="Model name in the file and the GGUF's file name (default: the base "
-                        "model's directory name).")
+                   help="Model name in the file and the GGUF's file name: 1-64 letters, digits, "
+                        "'.', '_' or '-' (default: the base model's directory name).")
     p.add_argument("--system", default=None, metavar="TEXT",
                    help="The Modelfile's system prompt (default: the run's model.system_prompt).")
     add_push_arguments(p)
