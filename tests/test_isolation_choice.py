@@ -10,7 +10,6 @@ the CLI's PATH. Not covered: a real unprivileged account (the interpreter here l
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
