@@ -160,7 +160,7 @@ def _path_kind(full, what, cfg):
         if _under(full, cfg["tmp"]) and _from_tempfile(cfg):
             return None  # tempfile in the sandbox's own TMPDIR
         return "writes_outside"
-    if _under(full, cfg["system"]) and ".." not in full:
+    if _under(full, cfg["system"]):
         return None  # the interpreter's own files (imports)
     if _secret(full, cfg):
         return "reads_harness"
@@ -202,7 +202,11 @@ def _dir_fds():
     """The directories the process holds open (a relative `open` may be made against any of
     them with dir_fd: its audit event does not say which)."""
     out = []
-    for name in os.listdir("/proc/self/fd"):
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out  # no /proc (macOS): the current directory only
+    for name in names:
         target = _fd_path(name)
         if target is not None and os.path.isdir(target):
             out.append(target)
