@@ -91,6 +91,18 @@ def test_the_student_function_replaces_only_its_own_definition():
     assert student_program(repo, "gcd", "def gcd(:\n") == "def gcd(:\n"  # the build says why
 
 
+def test_recorded_calls_must_be_literals_before_they_become_checker_code():
+    from mlx_rlaif.data.from_repo.tasks import literal_call
+
+    assert literal_call({"args": "(1, [2])", "kwargs": "{'k': 3}", "returns": "(4,)"})
+    assert literal_call({"args": "()", "kwargs": "{}", "raises": "ValueError"})
+    forged = "__import__('os').system('x')"
+    assert not literal_call({"args": forged, "kwargs": "{}", "returns": "1"})
+    assert not literal_call({"args": "()", "kwargs": "{}", "returns": forged})
+    assert not literal_call({"args": "()", "kwargs": "{}", "raises": "E); import os; ("})
+    assert not literal_call({"args": "[1]", "kwargs": "{}", "returns": "1"})  # not a tuple
+
+
 def test_eval_holds_out_whole_modules():
     recs = [{"id": f"{m}:{i}", "repo": {"module": m}} for m in ("a", "b", "c") for i in range(4)]
     train, evals = split_by_module(recs, 0.3)

@@ -10,7 +10,8 @@ repository: bytecode writing is off, pytest's cache provider is disabled.
 Bad input ends in one line (RepoError, exit 2): not a Python project, a test command that fails
 before any change, one that does not end within the timeout, no function with recorded calls.
 
-Not covered: a test suite that needs the network, writable fixtures inside the repository, or
+The repository's `src/` directory, where there is one, is on the import path (a src layout that
+is not installed). Not covered: a test suite that needs the network, writable fixtures inside the repository, or
 services (databases); a `sitecustomize` of the repository's environment (ours takes its place
 for the run).
 """
@@ -108,7 +109,8 @@ def record(repo: Path, command: str, python: str, timeout_s: float, max_calls: i
     say(f"running the tests in the sandbox ({sandbox.mode}): {shlex.join(argv[4:])}")
     with sandbox.box() as box:
         box.write("sitecustomize.py", RECORDER.read_text())
-        env = {"PYTHONPATH": box.inside, "PYTHONDONTWRITEBYTECODE": "1",
+        src = [str(repo / "src")] if (repo / "src").is_dir() else []  # a src/ layout
+        env = {"PYTHONPATH": ":".join([box.inside, *src]), "PYTHONDONTWRITEBYTECODE": "1",
                "MLX_RLAIF_RECORD_REPO": str(repo), "MLX_RLAIF_RECORD_OUT": box.inside,
                "MLX_RLAIF_RECORD_MAX": str(max_calls), "PYTHONHASHSEED": "0"}
         r = sandbox.run(box, argv, limits, env=env)

@@ -119,7 +119,8 @@ def make_task(fn: Mapping[str, Any], repo: Path, source: str, *, commit: str | N
     info = {"path": str(repo), "commit": commit, "file": file, "module": fn["module"],
             "root": fn["root"], "qualname": name, "line": node.lineno, "source": source,
             "sha256": hashlib.sha256(source.encode()).hexdigest(), "sys_path": list(sys_path)}
-    calls = list(fn.get("calls", []))[:max_tests] if max_tests > 0 else list(fn.get("calls", []))
+    calls = [c for c in fn.get("calls", []) if literal_call(c)]
+    calls = calls[:max_tests] if max_tests > 0 else calls
     tests = [{"nodeid": f"{t[3]}::{t[2]}", "module": t[0], "root": t[1], "name": t[2]}
              for t in fn.get("tests", []) if len(t) >= 4 and t[1]]
     rec = {"id": f"{id_prefix}{file}::{name}",
@@ -127,6 +128,20 @@ def make_task(fn: Mapping[str, Any], repo: Path, source: str, *, commit: str | N
            "language": "python", "entry_point": name, "solution": solution, "repo": info,
            "calls": calls, "repo_tests": tests}
     return with_checks(rec, calls, tests)
+
+
+def literal_call(call: Mapping[str, Any]) -> bool:
+    """Whether a recorded call is what recorder.py writes: Python literals only (the record
+    comes from the repository's test process; its text becomes the checker's code)."""
+    try:
+        args, kwargs = ast.literal_eval(call["args"]), ast.literal_eval(call["kwargs"])
+        if "raises" in call:
+            return str(call["raises"]).isidentifier() and "returns" not in call
+        ast.literal_eval(call["returns"])
+    except (KeyError, TypeError, ValueError, SyntaxError, RecursionError, MemoryError):
+        return False
+    return type(args) is tuple and type(kwargs) is dict and all(
+        isinstance(k, str) and k.isidentifier() for k in kwargs)
 
 
 def with_checks(rec: dict[str, Any], calls: Sequence[Mapping], tests: Sequence[Mapping]) -> dict:
