@@ -1,14 +1,18 @@
-"""`mlx-rlaif train` as a user runs it: a subprocess, 2 steps, metrics and a checkpoint that
-mlx-lm's own CLI loads; Ctrl-C saves a checkpoint; --resume continues."""
+"""`mlx-rlaif train` as a user runs it: a subprocess, 3 steps, metrics, the ETA in each plain
+step line and a checkpoint that mlx-lm's own CLI loads; Ctrl-C saves a checkpoint; --resume
+continues."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from mlx_rlaif.artifacts import checkpoint
 
@@ -23,15 +27,21 @@ def _train(model: Path, tasks: Path, out: Path, *extra: str, **kw) -> subprocess
                             cwd=out.parent, **kw)
 
 
-def test_train_two_steps_then_mlx_lm_generate_loads_the_adapter(micro_model, prompts_file,
-                                                                  tmp_path):
+def test_train_three_steps_with_an_eta_then_mlx_lm_generate_loads_the_adapter(
+        micro_model, prompts_file, tmp_path):
     out = tmp_path / "run"
-    proc = _train(micro_model, prompts_file, out, "--max-steps", "2")
+    proc = _train(micro_model, prompts_file, out, "--max-steps", "3")
     log, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, log
     lines = [json.loads(x) for x in (out / "batches.jsonl").read_text().splitlines()]
-    assert len(lines) == 2 and "reward/mean" in lines[0]
-    assert "step 2" in log or '"step": 2' in log or "2/2" in log, log  # one plain line per step
+    assert len(lines) == 3 and "reward/mean" in lines[0]
+    # one plain line per step, each with the time so far and the ETA (0s at the last step)
+    steps = re.findall(r"^step (\d)/3 \| elapsed (\S+) \| eta (\S+) \|", log, re.M)
+    assert [s[0] for s in steps] == ["1", "2", "3"], log
+    assert all(re.fullmatch(r"(\d+m)?\d+s", x) for s in steps for x in s[1:]), steps
+    assert steps[-1][2] == "0s" and lines[-1]["time/eta_s"] == 0.0
+    # the ETA at step 1: 2 steps left at the step's measured cost
+    assert lines[0]["time/eta_s"] == pytest.approx(2 * lines[0]["time/step"], rel=0.5)
     ckpt = checkpoint.latest_checkpoint(out)
     assert ckpt is not None and (ckpt / "adapter_config.json").is_file()
     gen = subprocess.run(

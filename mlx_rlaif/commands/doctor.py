@@ -234,10 +234,32 @@ def memory_report(cfg: Config) -> bool:
         gc.collect()
     if plan is None:
         say("memory", f"{head}; no plan (the model's shapes are unknown)")
-        return True
+        return limits_report(cfg, plan, budget)
     run_cfg = memory_plan.resolved(cfg, plan, budget)
     say("memory", memory_plan.startup_line(plan, budget, source, run_cfg).removeprefix(
         "memory: ") + "\n" + breakdown(plan, shape))
+    return limits_report(cfg, plan, budget)
+
+
+def limits_report(cfg: Config, plan: Any, budget: int) -> bool:
+    """The machine's wired-memory limit (macOS: iogpu.wired_limit_mb where set) and MLX's
+    recommended working set, then the wired and cache limits the run will set (memory_plan.
+    device_limits); False where model.wired_limit_gb is over what the Mac allows."""
+    from ..backends.mlx import memory
+    from ..train import laptop, memory_plan
+
+    ws = memory.recommended_working_set()
+    machine = laptop.wired_sysctl() or "no wired memory (MLX is not on Metal here)"
+    if ws:
+        machine += f"; MLX's recommended working set {memory.gb(ws)} GB"
+    try:
+        limits = memory_plan.device_limits(cfg.model, plan, budget, ws)
+    except ConfigError as e:
+        say("limits", f"{machine}\nthe run: REFUSED: {e}")
+        return False
+    said = limits.line.removeprefix("MLX limits: ") or "MLX's defaults (model.wired_limit_gb, "\
+        "model.cache_limit_gb: 0)"
+    say("limits", f"{machine}\nthe run: {said}")
     return True
 
 

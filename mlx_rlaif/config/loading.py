@@ -362,6 +362,10 @@ def check(cfg: Config) -> Config:
     if cfg.generation.max_turns > 1 and cfg.model.backend == "torch":
         raise ConfigError("generation.max_turns > 1 is MLX-only (it continues the KV caches): "
                           "set it to 1 with model.backend torch")
+    for key in ("wired_limit_gb", "cache_limit_gb"):
+        if cfg.model.backend == "torch" and getattr(cfg.model, key):
+            raise ConfigError(f"model.{key} is MLX-only: with model.backend torch leave it 0 "
+                              "(torch has its own allocator)")
     if cfg.model.backend == "torch" and cfg.model.quantize:
         raise ConfigError("model.quantize is MLX-only: model.backend torch trains float weights "
                           "(pass a float model and set model.quantize to 0)")

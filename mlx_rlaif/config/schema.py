@@ -46,6 +46,16 @@ class ModelConfig:
                                            "the fallback on transformers + PEFT for CUDA (then "
                                            "MPS, CPU): pip install 'mlx-rlaif[torch]'.")
     device: str = opt("", "torch backend only: cuda, cuda:1, mps or cpu (empty: the best found).")
+    wired_limit_gb: float = opt(0.0, "MLX only: memory Metal keeps wired (resident) for the run, "
+                                "in GB (mx.set_wired_limit); 0: on Metal the run's memory budget "
+                                "(training.max_memory_gb or 85% of the recommended working set), "
+                                "no effect elsewhere. Over the Mac's limit is refused (raise it "
+                                "with sudo sysctl iogpu.wired_limit_mb; `doctor` shows both).",
+                                _nonneg)
+    cache_limit_gb: float = opt(0.0, "MLX only: the most MLX's buffer cache keeps of freed "
+                                "memory for reuse, in GB (mx.set_cache_limit); 0: on Metal what "
+                                "the memory plan leaves of the budget (at least 10% of it), "
+                                "elsewhere MLX's default.", _nonneg)
 
 
 @dataclass(frozen=True)
@@ -326,6 +336,13 @@ class TrainingConfig:
     keep_best: bool = opt(False, "Keep the checkpoint with the best periodic held-out pass@1 "
                           "(ties: mean reward) beside the newest ones, never pruned; named in "
                           "checkpoints/best.json (needs data.eval_file and data.eval_every).")
+    prevent_sleep: bool = opt(True, "macOS: keep the Mac from idle sleep while the run lives "
+                              "(caffeinate -i -w <pid>). A closed lid on battery still sleeps "
+                              "(docs/training.md, On a laptop).")
+    on_battery: Literal["continue", "pause", "stop"] = opt(
+        "continue", "macOS: when the power is lost (pmset -g batt): continue (a line says so), "
+        "pause after the step with a checkpoint written until AC power returns (the pause is "
+        "not training time), or stop as max_minutes does.")
     save_mlx_model_bits: int = opt(0, "Also write each checkpoint's fused model to mlx_model/: "
                                    "0 off, 16 unquantized, 4 or 8 quantized.",
                                    lambda v: v in (0, 4, 8, 16), "use 0, 4, 8 or 16")

@@ -2,7 +2,7 @@
 
 `Dashboard` keeps plain state under a lock; rich.live's own refresh thread renders it twice a
 second, so `step()` on the training thread only stores numbers (rendering stays off the hot path).
-It shows progress and ETA (toward the run's last step, or for a time-limited run,
+It shows progress, elapsed time and ETA (metrics/eta.py; toward the run's last step, or for a time-limited run,
 `training.max_minutes`, toward its time budget whenever that is projected to end the run
 first: `ends_by`); the ranks of a data-parallel run; reward mean, best, baseline and a sparkline trend; KL, loss, clip
 fraction, entropy; generation and training tokens/s and the step time split; memory (MLX's
@@ -12,7 +12,8 @@ disagreement, failing-over-passing pairs); the periodic held-out evaluation (lat
 trend); the latest completion with its scores, reason and rationale; the last health check.
 Messages and health lines print above the live panel, so they stay in the terminal's
 scrollback. `PlainPrinter` writes one line per
-`log_every` steps (step, reward, KL, loss, clip fraction, tokens/s) for pipes, CI and
+`log_every` steps (step, elapsed, ETA, reward, KL, loss, clip fraction, tokens/s; the thermal
+pressure while there is any) for pipes, CI and
 `logging.dashboard: false`.
 
 Not covered: keyboard input, scrolling through past completions, alternate-screen mode.
@@ -37,6 +38,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..terminal import visible
+from .eta import short
 from .health import HealthReport
 from .stats import components, finite
 
@@ -86,8 +88,13 @@ class DashboardState:
     evals: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (step, eval row)
 
     def eta(self, now: float) -> float | None:
-        """Seconds left: the mean time per step so far times the steps left, less the time
+        """Seconds left: the loop's estimate at the last step (`time/eta_s`: metrics/eta.py,
+        the run's ending rule and the median step with its periodic work), less the time since
+        that step; without it, the mean time per step so far times the steps left, less the time
         since the last step."""
+        at_step = finite(self.metrics.get("time/eta_s"))
+        if at_step is not None:
+            return max(0.0, at_step - max(0.0, now - self.updated))
         if self.first_step is None or self.total_steps <= 0:
             return None
         per_step = (self.updated - self.started) / (self.step - self.first_step + 1)
@@ -125,7 +132,8 @@ def _progress(s: DashboardState) -> RenderableType:
         budget = s.time_budget_s
         grid.add_row(ProgressBar(total=budget, completed=used),
                      f"step {s.step}  {hms(used)} of {hms(budget)} training time "
-                     f"(training.max_minutes)  {used / budget:.0%}  left {hms(budget - used)}")
+                     f"(training.max_minutes)  {used / budget:.0%}  elapsed "
+                     f"{hms(now - s.started)}  ETA {hms(s.eta(now))}")
         return grid
     total = max(s.total_steps, 1)
     grid.add_row(
@@ -182,7 +190,7 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
             f"{fmt(m.get('train/tokens_per_sec'), ',.1f')} tok/s  decode width "
             f"{fmt(m.get('gen/decode_width'), '.0f')}",
         ),
-        ("Step time", _time_split(m)),
+        ("Step time", _time_split(m) + thermal_text(m)),
         (
             "Memory",
             f"MLX peak {fmt(m.get('memory/mlx_peak_gb'), '.2f')} GB"
@@ -275,6 +283,17 @@ def component_cell(m: Mapping[str, Any], name: str) -> str:
         if finite(m.get(key + k)):
             text += f" {label} {fmt(m.get(key + k), spec)}"
     return text
+
+
+THERMAL = ("nominal", "fair", "serious", "critical")  # system/thermal 0..3 (train/laptop.py)
+
+
+def thermal_text(m: Mapping[str, Any]) -> str:
+    """`  thermal pressure: serious` while macOS reports any (system/thermal above 0)."""
+    level = finite(m.get("system/thermal"))
+    if not level or not 0 < level < len(THERMAL):
+        return ""
+    return f"  thermal pressure: {THERMAL[int(level)]}"
 
 
 def _time_split(m: Mapping[str, Any]) -> str:
@@ -466,16 +485,21 @@ PLAIN_FIELDS = (
 
 
 def plain_line(step: int, total: int, metrics: Mapping[str, Any], budget_s: float = 0.0) -> str:
-    """`step 3/10 | reward 0.5000 | kl 0.0012 | ...`, leaving out keys the step did not send;
-    `step 3 (1.2 of 5 min) | ...` where the time budget is projected to end the run first."""
+    """`step 3/10 | elapsed 1m02s | eta 2m05s | reward 0.5000 | kl 0.0012 | ...`, leaving out
+    keys the step did not send; `step 3 (1.2 of 5 min) | ...` where the time budget is projected
+    to end the run first; `thermal serious` while macOS reports thermal pressure."""
     used = finite(metrics.get("time/training_s")) or 0.0
     if ends_by(step, total, used, budget_s) == "time":
         head = f"step {step} ({used / 60:.1f} of {budget_s / 60:g} min)"
     else:
         head = f"step {step}/{total}" if total > 0 else f"step {step}"
+    clock = [f"{name} {short(x)}" for name, key in (("elapsed", "elapsed_s"), ("eta", "time/eta_s"))
+             if (x := finite(metrics.get(key))) is not None]
     parts = [
         f"{name} {fmt(metrics.get(key), spec)}"
         for name, key, spec in PLAIN_FIELDS
         if finite(metrics.get(key)) is not None
     ]
-    return " | ".join([head, *parts])
+    if hot := thermal_text(metrics):
+        parts.append("thermal " + hot.rsplit(" ", 1)[1])
+    return " | ".join([head, *clock, *parts])

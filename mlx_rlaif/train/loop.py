@@ -2,8 +2,11 @@
 checkpoints and the periodic held-out evaluation (periodic.py), until `steps` steps are done
 (length.py: the task file cycles as often as they need), the step that passes
 training.max_minutes, or a stop (a teacher's 401/403, the budget, Ctrl-C or SIGTERM: the step in
-progress finishes, a checkpoint is saved, the run ends). Each step's record also holds
-`dist/world_size` (the ranks) and `time/training_s` (the seconds training.max_minutes counts).
+progress finishes, a checkpoint is saved, the run ends), or training.on_battery (laptop.py:
+after a step, stop as the time budget does, or pause with a checkpoint written until AC power
+returns; the pause is not training time). Each step's record also holds `dist/world_size` (the
+ranks), `time/training_s` (the seconds training.max_minutes counts), `time/eta_s` (when the run
+will end: metrics/eta.py) and, on macOS, the power and thermal readings (laptop.py).
 
 With several ranks every rank draws the same tasks and takes its share (step.py); after the
 step their metrics, records and stop reasons are gathered (distributed_metrics.sync_step), the
@@ -32,9 +35,11 @@ from ..config import prompts_per_step
 from ..data import TaskOrder
 from ..data.curriculum import Stream
 from ..errors import TeacherError
+from ..metrics.eta import StepClock
 from ..records import Reward, Rollout, Task
 from .distributed import World
 from .distributed_metrics import sync_step
+from .laptop import PowerWatch, boundary
 from .periodic import periodic_eval
 from .run import Run, maybe_save, save, saved_at
 from .step import rl_step, sample_records, score, step_seed
@@ -60,10 +65,11 @@ def loop(run: Run, tasks: list[Task], steps: int | None, hub: Any,
     observe = (lambda rs, ws: run.curriculum.observe(
         every_rank_values(run.world, pass_values(rs, ws), tasks), keys)) \
         if run.curriculum is not None else (lambda rs, ws: None)
-    started = time.monotonic()
+    started, paused = time.monotonic(), 0.0  # paused on battery: not training time
     deadline = started + 60 * cfg.training.max_minutes if cfg.training.max_minutes else math.inf
+    clock, watch = StepClock(), PowerWatch(cfg.training.on_battery, hub.message)
     while run.state.step < (math.inf if steps is None else steps):
-        s = run.state
+        s, t0 = run.state, time.monotonic()
         try:
             metrics, samples = rl_step(run, stream.take, observe)
         except TeacherError as e:
@@ -76,9 +82,14 @@ def loop(run: Run, tasks: list[Task], steps: int | None, hub: Any,
         epoch_end = stream.epoch > s.epoch
         run.state = replace(run.state, epoch=stream.epoch, cursor=stream.cursor)
         run.state = track_reward(run.state, metrics.get("reward/mean"))
+        clock.step(time.monotonic() - t0)
         metrics.update({"epoch": float(s.epoch + 1), "batch": float(s.cursor // P + 1),
                         "dist/world_size": float(run.world.size),
-                        "time/training_s": time.monotonic() - started})
+                        "time/training_s": time.monotonic() - started - paused,
+                        **watch.read(), **eta_of(clock, steps, run.state.step, cfg.training,
+                                                 time.monotonic() - started - paused)})
+        watch.slowed(time.monotonic() - t0, clock.median())
+        t1 = time.monotonic()
         if cfg.training.max_memory_gb:  # the memory plan's budget (train/memory_plan.py)
             metrics["memory/budget_gb"] = cfg.training.max_memory_gb
         hub.log_samples(run.state.step, samples)  # first: the health check names their tasks
@@ -93,9 +104,16 @@ def loop(run: Run, tasks: list[Task], steps: int | None, hub: Any,
             run.stop = "interrupted" if interrupted() else None  # during the evaluation
         if run.stop:
             break
-        if deadline < math.inf and run.world.first(lambda: time.monotonic() >= deadline):
+        clock.periodic(time.monotonic() - t1)  # logging, checkpoint, periodic evaluation
+        if deadline < math.inf and run.world.first(lambda p=paused: time.monotonic() - p
+                                                   >= deadline):
             hub.message(f"time budget of {cfg.training.max_minutes:g} min reached after "
                         f"{run.state.step} steps")
+            break
+        end, waited = boundary(run, hub, watch, interrupted, s.cursor // P + 1)
+        paused += waited
+        run.stop = "interrupted" if interrupted() else None  # during a pause
+        if end or run.stop:
             break
     if run.stop:
         hub.message(f"stopping: {run.stop}; checkpoint saved")
@@ -104,6 +122,16 @@ def loop(run: Run, tasks: list[Task], steps: int | None, hub: Any,
     elif steps != 0 and not saved_at(run, run.state.step):
         save(run, hub, checkpoint.checkpoint_name(0, None, run.state.step, final=True))
     interrupted.restore()
+
+
+def eta_of(clock: StepClock, steps: int | None, step: int, t: Any, training_s: float
+           ) -> dict[str, float]:
+    """`time/eta_s`: the seconds until the step bound (`steps`) or training.max_minutes ends
+    the run, whichever is sooner (metrics/eta.py); nothing before it can be known."""
+    left = steps - step if steps is not None else None
+    budget = 60 * t.max_minutes - training_s if t.max_minutes else None
+    eta = clock.eta(left, budget)
+    return {} if eta is None else {"time/eta_s": eta}
 
 
 def pass_values(rollouts: list[Rollout], rewards: list[Reward]) -> list[tuple[Task, float]]:

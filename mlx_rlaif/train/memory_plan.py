@@ -2,7 +2,9 @@
 and the config's sizes go through the memory model (`backends/mlx/memory.py`), and the choices
 it makes where the config leaves them open (`generation.completion_batch_size` 0,
 `training.micro_batch_size` 0, `training.grad_checkpoint: auto`) are written into the config
-the run uses (`resolve`: a new frozen Config, the user's file unchanged). A run that cannot fit
+the run uses (`resolve`: a new frozen Config, the user's file unchanged), and MLX's wired and
+buffer-cache limits are set (`device_limits`: model.wired_limit_gb, model.cache_limit_gb, or on
+Metal the budget and what the plan leaves of it). A run that cannot fit
 stops here with a ConfigError naming the setting to change. `startup_line` says the budget and
 what was chosen; `memory/budget_gb` goes to the metrics.
 
@@ -17,11 +19,12 @@ settings are taken as they are, auto checkpointing off).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backends.mlx import memory, shared_prompt
 from ..config import Config, batch_sequences, micro_batch_size
+from ..errors import ConfigError
 from ..records import Task
 
 LONGEST = 8  # tasks tokenized to estimate the longest prompt
@@ -111,12 +114,58 @@ def startup_line(plan: memory.Plan | None, budget: int, source: str, cfg: Config
 def resolve(cfg: Config, model: Any, tasks: Sequence[Task], fmt: Callable[[Task], list[int]],
             teacher: Any = None) -> tuple[Config, str]:
     """(the config the run uses, the startup line), before the first step; ConfigError where
-    the run cannot fit its budget (a distillation `teacher` model counted). On Apple silicon
-    the wired limit is set here."""
+    the run cannot fit its budget (a distillation `teacher` model counted). MLX's wired and
+    cache limits are set here (`apply_limits`)."""
     budget, source = memory.device_budget(cfg.training.max_memory_gb)
-    plan = None
+    plan, limits = None, ""
     if cfg.model.backend == "mlx":
         plan, _ = make_plan(cfg, model, longest_prompt(fmt, tasks), budget, teacher)
-        memory.set_device_limits()
+        limits = apply_limits(cfg.model, plan, budget)
     run_cfg = resolved(cfg, plan, budget)
-    return run_cfg, startup_line(plan, budget, source, run_cfg)
+    return run_cfg, startup_line(plan, budget, source, run_cfg) + (f"; {limits}" if limits
+                                                                   else "")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """MLX's wired and buffer-cache limits in bytes (None: left as they are) and what they
+    are, said in the memory line and by `doctor`."""
+
+    wired: int | None
+    cache: int | None
+    line: str
+
+
+def device_limits(m: Any, plan: memory.Plan | None, budget: int, working_set: int | None
+                  ) -> Limits:
+    """The limits the run sets from the model section `m` (model.wired_limit_gb,
+    model.cache_limit_gb): where 0, on Metal (`working_set`: the recommended working set; None
+    elsewhere) the wired limit is the budget and the cache what the plan leaves of it, at least
+    CACHE_CLEAR_SHARE of it. A wired limit over the working set is a ConfigError."""
+    GiB, wired, cache, said = memory.GiB, None, None, []
+    if m.wired_limit_gb and working_set is None:
+        said.append("model.wired_limit_gb has no effect off Metal")
+    elif m.wired_limit_gb:
+        wired = int(m.wired_limit_gb * GiB)
+        if wired > working_set:
+            raise ConfigError(f"model.wired_limit_gb = {m.wired_limit_gb:g} is over this Mac's "
+                              f"working set of {memory.gb(working_set)} GB: lower it, or raise "
+                              "the Mac's limit (sudo sysctl iogpu.wired_limit_mb=...)")
+        said.append(f"wired {memory.gb(wired)} GB (model.wired_limit_gb)")
+    elif working_set:
+        wired = min(budget, working_set)
+        said.append(f"wired {memory.gb(wired)} GB (the budget)")
+    if m.cache_limit_gb:
+        cache = int(m.cache_limit_gb * GiB)
+        said.append(f"cache {memory.gb(cache)} GB (model.cache_limit_gb)")
+    elif working_set and plan is not None:
+        cache = max(budget - plan.peak, int(memory.CACHE_CLEAR_SHARE * budget))
+        said.append(f"cache {memory.gb(cache)} GB (what the plan leaves of the budget)")
+    return Limits(wired, cache, "MLX limits: " + ", ".join(said) if said else "")
+
+
+def apply_limits(m: Any, plan: memory.Plan | None, budget: int) -> str:
+    """Set MLX's limits (`device_limits`); returns their line ("" where none is set)."""
+    limits = device_limits(m, plan, budget, memory.recommended_working_set())
+    memory.set_device_limits(limits.wired, limits.cache)
+    return limits.line

@@ -51,6 +51,7 @@ from .distributed import World
 from .distributed_metrics import SilentHub, check_same_weights, merge_eval
 from .evaluate import evaluate_tasks
 from .fit import context_length, fit_context
+from .laptop import keep_awake, release
 from .length import RunLength, run_length
 from .loop import loop
 from .memory_plan import resolve
@@ -230,7 +231,9 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         hub = MetricsHub.create(cfg.logging, run_dir, interactive, steps or 0, hparams(cfg),
                                 resume=resume_from is not None,
                                 time_budget_s=60 * length.minutes)
+    awake = None
     try:
+        awake = keep_awake(cfg.training.prevent_sleep, hub.message)  # macOS (laptop.py)
         for line in filter(None, (skipped, eval_skipped, memory_line, length.line,
                                   world.line(prompts_per_step(cfg),
                                              cfg.generation.num_samples_per_prompt),
@@ -267,6 +270,7 @@ def train(cfg: Config, resume_from: Path | None = None, interactive: bool = Fals
         if eval_tasks and run.stop is None:
             held_out_eval(run, eval_tasks, hub, "after")
     finally:
+        release(awake)
         reward_fn.close()
         hub.close()
     return run_dir

@@ -30,8 +30,9 @@ CPU build in float32 (tools/profile_update.py checks them on any device).
 
 The budget (`device_budget`): `training.max_memory_gb`, else what the device can use: on Apple
 silicon MLX's recommended working set, elsewhere the available RAM, with `HEADROOM`. On Apple
-silicon (one device query, `recommended_working_set`) the wired limit is raised to the
-recommended size and MLX's buffer cache is cleared between steps once it holds more than
+silicon (one device query, `recommended_working_set`) the wired limit is set (the run's
+budget, or model.wired_limit_gb: train/memory_plan.py's `device_limits`, which also sets the
+buffer cache's limit) and MLX's buffer cache is cleared between steps once it holds more than
 `CACHE_CLEAR_SHARE` of the budget, as mlx-lm's trainer does (mlx-lm #828: memory creeping over
 a long run).
 
@@ -466,11 +467,17 @@ def device_budget(max_memory_gb: float = 0.0) -> tuple[int, str]:
     return int(HEADROOM * available_ram()), f"{HEADROOM:.0%} of the available RAM"
 
 
-def set_device_limits() -> int | None:
-    """On Apple silicon, the wired limit raised to the recommended working set (mlx-lm's
-    `maybe_set_recommended_wired_limit`); returns the previous limit (None elsewhere)."""
+def set_device_limits(wired: int | None = None, cache: int | None = None) -> int | None:
+    """MLX's buffer-cache limit (`cache` bytes, any device; None: as it is) and, on Apple
+    silicon, the wired limit (`wired` bytes; None: raised to the recommended working set, as
+    mlx-lm's `maybe_set_recommended_wired_limit` does); returns the previous wired limit (None
+    elsewhere)."""
+    if cache is not None:
+        mx.set_cache_limit(cache)
     if not recommended_working_set():
         return None
+    if wired is not None:
+        return mx.set_wired_limit(wired)
     from mlx_lm.utils import maybe_set_recommended_wired_limit
 
     return maybe_set_recommended_wired_limit()
