@@ -374,3 +374,41 @@ def test_config_options_and_refusals():
         check(load(None, ["model.backend=torch", "model.wired_limit_gb=8"]))
     with pytest.raises(ConfigError, match="model.cache_limit_gb"):
         load(None, ["model.cache_limit_gb=-1"])
+
+
+def test_doctor_prints_the_machines_limits_and_the_runs(monkeypatch, capsys):
+    from mlx_rlaif.commands import doctor
+
+    cfg, plan = load(None, []), SimpleNamespace(peak=10 * GiB)
+    assert doctor.limits_report(cfg, plan, 16 * GiB)  # this machine: MLX on the CPU
+    out = capsys.readouterr().out
+    assert out.startswith("limits    no wired memory (MLX is not on Metal here)\n")
+    assert "the run: MLX's defaults" in out
+    monkeypatch.setattr(memory, "recommended_working_set", lambda: 20 * GiB)
+    monkeypatch.setattr(laptop, "wired_sysctl", lambda: "iogpu.wired_limit_mb = 20480 (20.00 GB)")
+    assert doctor.limits_report(cfg, plan, 16 * GiB)
+    assert capsys.readouterr().out.splitlines() == [
+        "limits    iogpu.wired_limit_mb = 20480 (20.00 GB); MLX's recommended working set "
+        "20.00 GB",
+        "          the run: wired 16.00 GB (the budget), cache 6.00 GB (what the plan leaves of "
+        "the budget)"]
+    assert not doctor.limits_report(load(None, ["model.wired_limit_gb=24"]), plan, 16 * GiB)
+    assert "the run: REFUSED: model.wired_limit_gb = 24 is over" in capsys.readouterr().out
+
+
+def test_the_dashboard_shows_elapsed_eta_and_thermal_pressure():
+    import os
+    import time
+
+    from rich.console import Console
+
+    from mlx_rlaif.metrics.dashboard import render
+
+    s = DashboardState(total_steps=10, step=4, first_step=1, updated=time.time(),
+                       started=time.time() - 125,
+                       metrics={"time/eta_s": 750.0, "time/step": 9.0, "system/thermal": 3.0})
+    console = Console(record=True, width=160, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(render(s))
+    text = console.export_text()
+    assert "elapsed 0:02:0" in text and "ETA 0:12:" in text
+    assert "thermal pressure: critical" in text

@@ -12,6 +12,16 @@ runs.
 prints a table and writes `soak.json` in --out. `measure()` is what tests/test_faults_soak.py
 calls for its 50-step version.
 
+`--memory` is the other soak (issue 61): MLX's own memory over one long run of the tiny model
+in this process (the syntax reward; every step updates the adapters, even where a group's
+rewards are all equal; checkpoints every 50 steps), read after every step: active
+(the arrays alive), cache (freed buffers MLX keeps for reuse) and the step's peak (reset after
+each reading); the growth per step is the least-squares slope over the steps after the first
+tenth. Writes `soak-memory.json` in --out:
+
+    flock /tmp/mlx-rlaif-measure.lock python3 tools/soak.py --memory --steps 200 \\
+        --out runs/soak-memory
+
 Not covered: GPU memory; macOS (no /proc: the process checks use psutil only, untested there).
 """
 
@@ -150,6 +160,62 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+MEMORY_SETS = ("data.train_file=suite:synthetic-train", "data.languages=[python]",
+               "reward.type=syntax", "training.batch_size=2",
+               "generation.num_samples_per_prompt=4", "generation.max_new_tokens=32",
+               "training.save_every_batches=50", "training.save_total_limit=2",
+               "logging.log_every=50", "data.eval_file=", "logging.baseline_eval_batches=0",
+               "rl.drop_zero_std=false", "rl.entropy_coef=0.05")  # every step updates
+
+
+def memory_soak(steps: int, model: Path, work: Path, sets: tuple[str, ...] = ()) -> dict:
+    """MLX's active, cache and per-step peak memory (MB) after each of `steps` steps of one
+    run in this process, and their growth per step (`growth`)."""
+    import mlx.core as mx
+
+    from mlx_rlaif.config import load
+    from mlx_rlaif.metrics import MetricsHub
+    from mlx_rlaif.train.trainer import hparams, train
+
+    rows: list[dict] = []
+
+    class Recorder(MetricsHub):
+        def log_step(self, step: int, metrics: dict) -> None:
+            rows.append({"step": step, "active_mb": round(mx.get_active_memory() / 2**20, 2),
+                         "cache_mb": round(mx.get_cache_memory() / 2**20, 2),
+                         "peak_mb": round(mx.get_peak_memory() / 2**20, 2)})
+            mx.reset_peak_memory()
+            super().log_step(step, metrics)
+
+    run_dir = work / "run"
+    cfg = load(None, [*MEMORY_SETS, f"model.path={model}", f"training.output_dir={run_dir}",
+                      f"training.max_steps={steps}", *sets])
+    t0 = time.monotonic()
+    train(cfg, hub=Recorder.create(cfg.logging, run_dir, False, steps, hparams(cfg)))
+    return {"steps": steps, "elapsed_s": round(time.monotonic() - t0, 1), "mlx": mx.__version__,
+            "device": str(mx.default_device()), "growth": growth(rows), "samples": rows}
+
+
+def growth(rows: list[dict]) -> dict:
+    """MB per step of each reading: the least-squares slope over the steps after the first
+    tenth (the first steps compile and fill the cache)."""
+    import numpy as np
+
+    kept = rows[len(rows) // 10:]
+    if len(kept) < 2:
+        return {}
+    x = np.array([r["step"] for r in kept], dtype=float)
+    return {f"{k}_per_step": float(np.polyfit(x, [r[k] for r in kept], 1)[0])
+            for k in ("active_mb", "cache_mb", "peak_mb")}
+
+
+def memory_table(result: dict, every: int) -> str:
+    keys = ["step", "active_mb", "cache_mb", "peak_mb"]
+    rows = [r for r in result["samples"] if r["step"] % every == 0 or r["step"] == 1]
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    return "\n".join(lines + ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=500)
@@ -159,7 +225,19 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/soak", help="work directory (run, log, soak.json)")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
+    ap.add_argument("--memory", action="store_true",
+                    help="MLX's active/cache/peak memory per step instead (in this process)")
     args = ap.parse_args()
+    if args.memory:
+        out = Path(args.out).resolve()
+        result = memory_soak(args.steps, Path(args.model), out, tuple(args.set))
+        (out / "soak-memory.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(memory_table(result, args.every))
+        print(f"{result['steps']} steps in {result['elapsed_s']} s on {result['device']} (MLX "
+              f"{result['mlx']}); growth per step after the first tenth: " + ", ".join(
+                  f"{k.removesuffix('_per_step')} {v:+.4f} MB" for k, v in
+                  result["growth"].items()))
+        return 0
     result = measure(args.steps, args.every, Path(args.model), Path(args.out).resolve(),
                      args.fault_rate, args.seed, tuple(args.set))
     (Path(args.out) / "soak.json").write_text(json.dumps(result, indent=1) + "\n")
