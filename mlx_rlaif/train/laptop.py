@@ -293,6 +293,9 @@ def boundary(run: Any, hub: Any, watch: PowerWatch, stopped: Callable[[], bool],
     from ..metrics.eta import short
     from .run import save, saved_at
 
+    if watch.policy == "continue":  # lines only: no rank waits on another's power source
+        watch.decide()
+        return False, 0.0
     action = run.world.first(watch.decide, "exchange of the power source")
     step, p = run.state.step, watch.power
     where = charge(p) if p is not None else ""
