@@ -204,9 +204,8 @@ def test_pause_writes_a_checkpoint_and_waits_for_ac_power(monkeypatch):
         if len(sleeps) == 3:
             power.source = "batt-12-charging"
 
-    monkeypatch.setattr(laptop.time, "sleep", sleep)
     run, hub = fake_run()
-    w = PowerWatch("pause", hub.message, power, macos=True, os_state=lambda: None)
+    w = PowerWatch("pause", hub.message, power, macos=True, os_state=lambda: None, sleep=sleep)
     w.read()
     end, waited = laptop.boundary(run, hub, w, lambda: False, batch=3)
     assert not end and waited >= 0 and sleeps == [laptop.POLL_S] * 3
@@ -216,7 +215,7 @@ def test_pause_writes_a_checkpoint_and_waits_for_ac_power(monkeypatch):
     # already saved at this step (a periodic checkpoint): none written again
     run, hub = fake_run(saved=True)
     power.source, sleeps[:] = "batt-10.15-battery", []
-    w = PowerWatch("pause", hub.message, power, macos=True, os_state=lambda: None)
+    w = PowerWatch("pause", hub.message, power, macos=True, os_state=lambda: None, sleep=sleep)
     w.read()
     laptop.boundary(run, hub, w, lambda: False, batch=3)
     assert saves == ["checkpoint-e1-b3-gs5"] and len(sleeps) == 3
@@ -226,10 +225,9 @@ def test_ctrl_c_ends_a_pause_and_stop_ends_the_run(monkeypatch):
     from mlx_rlaif.train import run as run_mod
 
     monkeypatch.setattr(run_mod, "saved_at", lambda run, step: True)
-    monkeypatch.setattr(laptop.time, "sleep", lambda s: pytest.fail("no wait after Ctrl-C"))
     run, hub = fake_run()
     w = PowerWatch("pause", hub.message, FakePower("batt-10.15-battery"), macos=True,
-                   os_state=lambda: None)
+                   os_state=lambda: None, sleep=lambda s: pytest.fail("no wait after Ctrl-C"))
     w.read()
     assert laptop.boundary(run, hub, w, lambda: True, batch=1) == (False, pytest.approx(0,
                                                                                       abs=1))
@@ -412,3 +410,47 @@ def test_the_dashboard_shows_elapsed_eta_and_thermal_pressure():
     text = console.export_text()
     assert "elapsed 0:02:0" in text and "ETA 0:12:" in text
     assert "thermal pressure: critical" in text
+
+
+def test_a_run_pauses_on_battery_with_a_checkpoint_and_resumes_on_ac(micro_model, prompts_file,
+                                                                      tmp_path, monkeypatch):
+    """The loop's wiring, in a real 3-step run: the charger is unplugged after step 1's
+    reading, so the run pauses after step 1 with a checkpoint, polls until AC power is back,
+    and trains on to step 3; caffeinate is not on this machine: one line says so."""
+    from functools import partial
+
+    from recording_hub import RecordingHub
+
+    from mlx_rlaif.artifacts import checkpoint
+    from mlx_rlaif.train import loop as loop_mod
+    from mlx_rlaif.train import train
+
+    power, polls = FakePower("batt-10.15-battery"), []
+
+    def sleep(s: float) -> None:  # AC power after two polls
+        polls.append(s)
+        if len(polls) == 2:
+            power.source = "batt-12-charging"
+
+    monkeypatch.setattr(loop_mod, "PowerWatch", partial(PowerWatch, runner=power, macos=True,
+                                                         os_state=lambda: 1, sleep=sleep))
+    monkeypatch.setattr(laptop, "on_macos", lambda: True)  # caffeinate: missing here
+    cfg = load(None, [
+        f"model.path={micro_model}", f"data.train_file={prompts_file}",
+        f"training.output_dir={tmp_path / 'run'}", "reward.type=syntax",
+        "generation.max_new_tokens=4", "generation.num_samples_per_prompt=2",
+        "training.batch_size=1", "training.max_steps=3", "training.on_battery=pause",
+        "logging.tensorboard=false", "logging.baseline_eval_batches=0",
+        "logging.collect_dataset=false", "training.save_every_epochs=0", "data.eval_file="])
+    hub = RecordingHub()
+    train(cfg, hub=hub)
+    assert [s for s, _ in hub.steps] == [1, 2, 3] and polls == [laptop.POLL_S] * 2
+    assert [(m["system/on_battery"], m["system/battery_percent"], m["system/thermal"])
+            for _, m in hub.steps] == [(1.0, 85.0, 1.0), (0.0, 62.0, 1.0), (0.0, 62.0, 1.0)]
+    names = [p.name for p in checkpoint.list_checkpoints(tmp_path / "run")]
+    assert "checkpoint-e1-b1-gs1" in names and "checkpoint-final-gs3" in names, names
+    said = "\n".join(hub.messages)
+    assert "could not start caffeinate" in said
+    assert said.count("paused after step") == 1  # the reading is kept POLL_S s: one pause
+    assert "back on AC power after" in said
+    assert all("time/eta_s" in m for _, m in hub.steps) and hub.steps[-1][1]["time/eta_s"] == 0

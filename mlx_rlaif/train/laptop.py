@@ -181,13 +181,15 @@ def wired_sysctl(runner: Runner = run_tool, macos: bool | None = None) -> str | 
 
 class PowerWatch:
     """Readings at step boundaries (at most every POLL_S seconds) and what training.on_battery
-    asks of the loop. `runner`, `clock`, `macos` and `os_state` are parameters for the tests."""
+    asks of the loop. `runner`, `clock`, `macos`, `os_state` and `sleep` (the pause's) are
+    parameters for the tests."""
 
     def __init__(self, on_battery: str, say: Callable[[str], None], runner: Runner = run_tool,
                  clock: Callable[[], float] = time.monotonic, macos: bool | None = None,
-                 os_state: Callable[[], int | None] = os_thermal_state) -> None:
+                 os_state: Callable[[], int | None] = os_thermal_state,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.policy, self.say, self.runner, self.clock = on_battery, say, runner, clock
-        self.os_state = os_state
+        self.os_state, self.sleep = os_state, sleep
         self.active = on_macos() if macos is None else macos
         self.power: Power | None = None
         self.thermal: int | None = None
@@ -274,12 +276,13 @@ def charge(p: Power) -> str:
     return f" ({p.percent:.0f}%, {p.state})" if p.percent is not None else ""
 
 
-def wait_for_ac(on_ac: Callable[[], bool], stop: Callable[[], bool]) -> float:
+def wait_for_ac(on_ac: Callable[[], bool], stop: Callable[[], bool],
+                sleep: Callable[[float], None]) -> float:
     """Wait until `on_ac()` or `stop()` (Ctrl-C), polling every POLL_S seconds; returns the
     seconds waited."""
     start = time.monotonic()
     while not stop() and not on_ac():
-        time.sleep(POLL_S)
+        sleep(POLL_S)
     return time.monotonic() - start
 
 
@@ -310,7 +313,7 @@ def boundary(run: Any, hub: Any, watch: PowerWatch, stopped: Callable[[], bool],
     hub.message(f"on battery power{where}: paused after step {step}, checkpoint saved; training "
                 "resumes on AC power (training.on_battery: pause; Ctrl-C stops the run)")
     waited = wait_for_ac(lambda: run.world.first(watch.on_ac, "exchange of the power source"),
-                         lambda: run.world.first(stopped, "exchange of a stop"))
+                         lambda: run.world.first(stopped, "exchange of a stop"), watch.sleep)
     if not stopped():
         hub.message(f"back on AC power after {short(waited)} paused: training resumes")
     return False, waited
