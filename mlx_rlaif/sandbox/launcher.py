@@ -646,7 +646,10 @@ def remove_tree(path):
     except OSError:
         return 1
     try:
-        left = _empty_at(pfd, name)
+        try:
+            left = _empty_at(pfd, name)
+        except OSError:  # what cannot be opened or climbed out of is left, never raised
+            left = 1
         if _try(os.rmdir, name, dir_fd=pfd) is None and _exists_at(pfd, name):
             left += 1
         return left
