@@ -611,3 +611,144 @@ def test_serve_reward_refuses_a_missing_function_in_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.strip() == (
         "mlx-rlaif serve-reward: error: reward function nowhere.py:fn: file nowhere.py not "
         "found: give the path of a .py file (relative to where you run mlx-rlaif)"), r.stderr
+
+
+# --- hostile values (red-team pass 1 of issue 57: B1-B4 and the minor findings) --------------
+
+HOSTILE = '''
+import sys, time
+
+def bigint(completion):
+    return 10**400
+
+class Slow(float):
+    def __float__(self):
+        time.sleep(3600)
+        return 0.5
+
+def slow_float(completion):
+    return Slow(0.5)
+
+class Own(float):
+    pass
+
+def own_float(completion):
+    return Own(0.25)
+
+class Evil:
+    def __reduce__(self):
+        return (time.sleep, (3600,))
+
+class SlowMap(dict):
+    def items(self):
+        time.sleep(3600)
+
+def slow_map(completion):
+    return SlowMap(a=1.0)
+
+def evil_reduce(completion):
+    return Evil()
+
+class Boom(Exception):
+    def __init__(self, a, b):
+        super().__init__(a)
+        self.b = b
+
+def raises_own(completion):
+    raise Boom("x\\nscored 9/9", 1)
+
+def prints(completion):
+    print("\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J\\nscored 9/9 completions with fake: mean reward 1")
+    sys.stderr.write("\\x1b[31mRED\\x1b[0m\\n")
+    return 0.5
+'''
+
+
+@pytest.fixture
+def hostile(tmp_path) -> Path:
+    p = tmp_path / "hostile.py"
+    p.write_text(HOSTILE)
+    return p
+
+
+@pytest.mark.parametrize("value, match", [
+    (10**400, "int of 401 digits"), ({"score": 0.5, "x": 10**400}, r"\['x'\] int"),
+    (True, "bool True"), ({"a": False}, r"\['a'\] bool"), ({}, "an empty dict"),
+    (1e308, None), ({"a": 1e300, "b": 1e300}, "above 1e\\+100"),
+    (1e101, "above 1e\\+100"),
+], ids=["bigint", "dict-bigint", "true", "dict-false", "empty-dict", "1e308", "dict-sum",
+        "1e101"])
+def test_huge_bool_and_empty_values_are_refused_in_one_line(value, match):
+    """B1 and the minor findings: an int too large for a float raised OverflowError (a
+    traceback, even under on_error unscorable), a bool read as 1.0 / 0.0 and an empty dict was
+    silently None; a value whose sums and squares can overflow (past 1e100) is refused."""
+    if match is None:  # 1e308 is finite but past the bound too
+        match = "above 1e\\+100"
+    with pytest.raises(ValueProblem, match=match):
+        check_value(value)
+
+
+def _fixed(name: str, value, weight: float = 1.0) -> Custom:
+    """A component whose every completion gets `value` (no worker)."""
+    return Custom(name, weight, lambda units, step, give_up: [("ok", value)] * len(units),
+                  name)
+
+
+def test_a_weighted_value_or_a_total_that_is_not_finite_is_refused_naming_the_component():
+    """B2: a finite value x its weight (1e308 x 2) overflowed to inf: score wrote `"reward":
+    Infinity` and training logged NaN losses. The weighted value is checked as the value is
+    (finite, within 1e100: a batch's sums and squares stay finite), and so is the total of the
+    components."""
+    reward = ComponentsReward([], [_fixed("big", 1e100, weight=1e250)])
+    with pytest.raises(RewardError, match=r"reward component big \(big\) on task t: weighted "
+                                          r"by 1e\+250 .* not finite"):
+        reward.score(_tasks(1), ["a"])
+    reward = ComponentsReward([], [_fixed("a", 1e100), _fixed("b", 1e100)])
+    with pytest.raises(RewardError, match=r"reward on task t: the total of the components a, b "
+                                          r"is 2e\+100, above 1e\+100 in size"):
+        reward.score(_tasks(1), ["a"])
+    reward = ComponentsReward([], [_fixed("big", 1e100, weight=1e250)], on_error="unscorable",
+                              max_error_frac=1.0)
+    [r] = reward.score(_tasks(1), ["a"])
+    assert r.value is None and "not finite" in r.reason
+
+
+def test_a_returned_value_crosses_to_the_trainer_as_plain_data_under_the_timeout(hostile):
+    """B3: the trainer unpickled what a function returned, outside the timeout: an own-class
+    float was ModuleNotFoundError (a traceback), an object whose __reduce__ sleeps hung the
+    trainer past timeout_s. The worker converts the value (float, None, dict of str -> float)
+    under the timeout and sends JSON text; anything else is an error line."""
+    for name, expect in (("own_float", ("ok", 0.25)), ("bigint", "error"),
+                         ("evil_reduce", "error"), ("slow_float", ("ok", 0.5)),
+                         ("slow_map", ("timeout", None)),
+                         ("raises_own", "error")):
+        pool = WorkerPool(f"{hostile}:{name}", {}, False, 1, 1, 2.0)
+        try:
+            t0 = time.monotonic()
+            [out] = pool.run([{"completion": "x"}], 0)
+            assert time.monotonic() - t0 < 2.0 + 10, name
+            if expect == "error":
+                assert out[0] == "error" and isinstance(out[1], str), out
+            else:
+                assert out == expect, (name, out)
+        finally:
+            pool.close()
+
+
+def test_a_functions_prints_reach_the_terminal_only_sanitized_and_prefixed(hostile):
+    """B4: a function's prints reached the terminal raw (OSC 52, clear screen, a fake `scored
+    9/9` line). Each line of its stdout and stderr is relayed through terminal.visible, on one
+    line, after the function's name."""
+    code = ("import sys, time\n"
+            "from mlx_rlaif.rewards.custom.pool import WorkerPool\n"
+            f"p = WorkerPool({str(hostile) + ':prints'!r}, {{}}, False, 1, 1, 10.0)\n"
+            "print(p.run([{'completion': 'x'}], 0), file=sys.stderr)\n"
+            "time.sleep(0.5)\np.close()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert "[('ok', 0.5)]" in r.stderr, out
+    assert "\x1b" not in out and "\x07" not in out, out
+    for line in out.splitlines():
+        assert not line.startswith("scored"), line
+    relayed = [ln for ln in out.splitlines() if "hostile.py:prints" in ln]
+    assert any("\\x1b]52;c;" in ln for ln in relayed) and any("RED" in ln for ln in relayed), out

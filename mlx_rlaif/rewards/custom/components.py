@@ -41,7 +41,16 @@ import numpy as np
 from ...errors import RewardError
 from ...records import Reward, Task, group_indices
 from ..base import RewardFn
-from .contract import ValueProblem, as_lists, check_list, check_value, exec_summary, shown, units
+from .contract import (
+    MAX_REWARD,
+    ValueProblem,
+    as_lists,
+    check_list,
+    check_value,
+    exec_summary,
+    shown,
+    units,
+)
 from .pool import GiveUp, Outcome
 
 Scorer = Callable[[list[dict[str, Any]], int, GiveUp | None], list[Outcome]]
@@ -138,6 +147,7 @@ class ComponentsReward:
         for ix, outcome in zip(chunks, outcomes, strict=True):
             for i, o in zip(ix, per_completion(outcome, len(ix), c.batched), strict=True):
                 results[i] = o
+        results = [weighed(o, c.weight) for o in results]
         errors = sum(o[0] == "error" for o in results)
         timeouts = sum(o[0] == "timeout" for o in results)
         failed = [(i, o) for i, o in enumerate(results) if o[0] in ("error", "timeout")]
@@ -184,9 +194,19 @@ class ComponentsReward:
         if self.aggregation == "normalize":
             values = [normalized(scored, i, tasks) for scored in per]
         value = weighted_sum(values, self.weights)
+        reasons = []
+        if value is not None and not abs(value) <= MAX_REWARD:
+            trained = [n for n, v, w in zip(self.names, values, self.weights, strict=True)
+                       if v is not None and w > 0]
+            why = (f"the total of the components {', '.join(trained)} is {value:g}, above "
+                   f"{MAX_REWARD:g} in size (or not finite)")
+            if self.on_error == "stop":
+                raise RewardError(f"reward on task {tasks[i].id}: {why}: scale them down, or "
+                                  "set reward.on_error unscorable")
+            value = None
+            reasons.append(f"error: {why}")
         parts: dict[str, float | None] = {}
         details: dict[str, Any] = {}
-        reasons = []
         for name, scored in zip(self.names, per, strict=True):
             s = scored[i]
             parts[name] = s.value
@@ -255,6 +275,19 @@ def per_completion(outcome: Outcome, n: int, batched: bool) -> list[Outcome]:
         except ValueProblem as e:
             out.append(("error", str(e)))
     return out
+
+
+def weighed(outcome: Outcome, weight: float) -> Outcome:
+    """An ok outcome whose value x weight is not finite or past MAX_REWARD as an error (the
+    value alone passed the contract; its weighted value is held to the same bound)."""
+    if outcome[0] != "ok" or weight <= 0 or outcome[1][0] is None:
+        return outcome
+    v = outcome[1][0]
+    wv = v * weight
+    if abs(wv) <= MAX_REWARD:
+        return outcome
+    return ("error", f"weighted by {weight:g} its value {v:g} is {wv:g}: not finite or above "
+                     f"{MAX_REWARD:g} in size (scale it down)")
 
 
 def give_up_past(limit: float, chunks: list[list[int]], batched: bool) -> GiveUp:

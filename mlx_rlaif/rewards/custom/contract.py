@@ -12,8 +12,12 @@ array (`tolist()`) or OpenRLHF's `{"rewards": ...}` comes back.
 
 It returns a number, None (not applicable: left out of the sum) or a dict of named numbers
 (each logged; the value is its `score` key, else the sum of its numbers); a function of lists
-returns a list of those, one per completion. Anything else (NaN, inf, a string, a list of the
-wrong length) is an error naming the function, the task and what came back (`check_value`).
+returns a list of those, one per completion. Anything else (NaN, inf, a bool, an int too large
+for a float, a number past +-MAX_REWARD, an empty dict, a string, a list of the wrong length)
+is an error naming the function, the task and what came back (`check_value`). MAX_REWARD
+(1e100) keeps every sum and square the trainer takes of a batch's rewards finite.
+`plain_value` / `plain_list` turn what a function returned into plain data (float, None, dict of
+str -> float) in the worker, so the trainer never unpickles an object of the function's.
 
 Not covered: the completion's tokens (text only).
 """
@@ -26,6 +30,8 @@ from typing import Any
 
 from ...records import Reward, Task, extract_code
 from .spec import PLURAL, PLURALS, SINGULAR, Loaded
+
+MAX_REWARD = 1e100  # |value| past this is refused: a batch's sums and squares stay finite
 
 
 class ValueProblem(ValueError):
@@ -111,32 +117,70 @@ def check_value(x: Any) -> tuple[float | None, dict[str, float | None]]:
     if x is None:
         return None, {}
     if isinstance(x, Mapping):
+        if not x:
+            raise ValueProblem("returned an empty dict: return a number, None or a dict of "
+                               "named numbers")
         parts: dict[str, float | None] = {}
         for k, v in x.items():
             if not isinstance(k, str):
-                raise ValueProblem(f"a dict with key {k!r}: keys are names (strings)")
-            parts[k] = None if v is None else _number(v, f"[{k!r}]")
+                raise ValueProblem(f"a dict with key {shown(k)}: keys are names (strings)")
+            parts[str.__str__(k)] = None if v is None else _number(v, f"[{k!r}]")
         if "score" in parts:
             return parts["score"], {k: v for k, v in parts.items() if k != "score"}
         nums = [v for v in parts.values() if v is not None]
-        return (sum(nums) if nums else None), parts
+        return (_bounded(math.fsum(nums), "'s sum of its numbers") if nums else None), parts
     return _number(x, ""), {}
 
 
 def _number(x: Any, where: str) -> float:
-    if isinstance(x, (int, float)) and not isinstance(x, complex):
-        v = float(x)
+    if isinstance(x, bool):
+        pass  # True / False are no reward (a bug's value read as 1.0 / 0.0)
+    elif isinstance(x, (int, float)):
+        try:
+            v = float.__float__(x) if isinstance(x, float) else float(int.__index__(x))
+        except OverflowError:
+            v = math.inf
         if math.isfinite(v):
-            return v
-    elif type(x).__name__ in ("float32", "float64", "int64", "int32") and hasattr(x, "item"):
+            return _bounded(v, where)
+    elif type(x).__name__ in ("float16", "float32", "float64", "int8", "int16", "int32",
+                              "int64", "uint8", "uint16", "uint32", "uint64") \
+            and hasattr(x, "item"):
         return _number(x.item(), where)
     raise ValueProblem(f"returned{where} {shown(x)}: return a finite number, None or a dict "
                        "of numbers")
 
 
+def _bounded(v: float, where: str) -> float:
+    if abs(v) > MAX_REWARD:
+        raise ValueProblem(f"returned{where} {v:g}, above {MAX_REWARD:g} in size: rewards this "
+                           "large overflow the advantages (scale it down)")
+    return v
+
+
+def plain_value(x: Any) -> float | dict[str, float | None] | None:
+    """What a function returned for one completion as plain data (ValueProblem if the contract
+    refuses it): run in the worker, under its timeout."""
+    if x is None:
+        return None
+    if isinstance(x, Mapping):
+        check_value(x)
+        return {str.__str__(k): None if v is None else _number(v, f"[{k!r}]")
+                for k, v in x.items()}
+    return _number(x, "")
+
+
+def plain_list(x: Any, n: int) -> list[Any]:
+    """What a function of lists returned, as a list of n plain values (ValueProblem)."""
+    return [plain_value(v) for v in check_list(x, n)]
+
+
 def shown(x: Any) -> str:
     """A returned value as an error line shows it (short)."""
-    text = repr(x)
+    try:
+        text = repr(x) if not isinstance(x, int) or x.bit_length() < 200 else \
+            f"of {int(x.bit_length() * 0.30103) + 1} digits"
+    except Exception:  # noqa: BLE001 - a repr that raises is shown by its type
+        text = "<repr failed>"
     return f"{type(x).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
@@ -156,4 +200,5 @@ def check_list(x: Any, n: int) -> list[Any]:
 
 
 __all__ = ["PLURAL", "ValueProblem", "arguments", "as_lists", "check_list", "check_value",
-           "exec_summary", "record_fields", "record_of", "shown", "units"]
+           "exec_summary", "plain_list", "plain_value", "record_fields", "record_of", "shown",
+           "units", "MAX_REWARD"]

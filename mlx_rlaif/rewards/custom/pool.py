@@ -2,8 +2,9 @@
 
 `WorkerPool(spec, ...)` starts `workers` processes (fresh interpreters, `python -m
 mlx_rlaif.rewards.custom.worker`, talking over a socket pair: nothing of the trainer's state, no
-MLX, is inherited, and no `__main__` is imported again; what the function prints goes to
-stderr, never into a command's output) that each load the function; `run(units, step)` spreads the argument sets
+MLX, is inherited, and no `__main__` is imported again; what the function prints, stdout and
+stderr, goes to stderr through relay.py: each line `[spec] text`, control characters escaped,
+never into a command's output) that each load the function; `run(units, step)` spreads the argument sets
 over them and returns one outcome per set: ("ok", value), ("error", the exception's last line)
 or ("timeout", None). A worker silent for longer than the timeout past its last answer is
 killed (SIGKILL: a thread or an asyncio timeout cannot stop a function stuck in C code or a
@@ -24,6 +25,7 @@ is killed; they are not).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -35,6 +37,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ...errors import RewardError
+from .relay import relay
 
 Outcome = tuple[str, Any]  # ("ok", value) | ("error", line) | ("timeout" | "cancelled", None)
 GiveUp = Callable[[int, Outcome], bool]
@@ -68,8 +71,10 @@ class WorkerPool:
         with ours, theirs:
             p = subprocess.Popen([sys.executable, "-m", "mlx_rlaif.rewards.custom.worker",
                                   str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                                 stdin=subprocess.DEVNULL, stdout=2)  # prints: to stderr
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT)
             conn = Connection(os.dup(ours.fileno()))
+        relay(p.stdout, self.spec)  # its prints: sanitized lines on stderr
         conn.send(self._args)
         return _Worker(p, conn)
 
@@ -81,8 +86,8 @@ class WorkerPool:
             raise RewardError(f"reward function {self.spec}: its worker process did not start "
                               f"within {START_S:g} s")
         try:
-            status, payload = w.conn.recv()
-        except (EOFError, OSError):
+            status, payload = _decode(w.conn.recv_bytes(), 2)
+        except (EOFError, OSError, ValueError):
             _kill(w)
             raise RewardError(f"reward function {self.spec}: its worker process exited at start "
                               f"(exit code {w.process.returncode})") from None
@@ -147,8 +152,8 @@ class WorkerPool:
         """Take one answer of worker i (False: it died)."""
         w = self._workers[i]
         try:
-            call, k, status, payload = w.conn.recv()
-        except (EOFError, OSError):
+            call, k, status, payload = _decode(w.conn.recv_bytes(), 4)
+        except (EOFError, OSError, ValueError):
             return False
         if call == w.call:
             j = w.sent[k]
@@ -182,6 +187,15 @@ class WorkerPool:
                 w.process.wait(2)
             _kill(w)
             w.conn.close()
+
+
+def _decode(data: bytes, n: int) -> list[Any]:
+    """A worker's message: JSON text, a list of n items (ValueError otherwise), never a
+    pickle."""
+    msg = json.loads(data)
+    if not isinstance(msg, list) or len(msg) != n:
+        raise ValueError("not a worker message")
+    return msg
 
 
 def _kill(w: _Worker) -> None:

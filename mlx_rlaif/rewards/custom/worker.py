@@ -4,7 +4,11 @@ server of `mlx-rlaif serve-reward`), and the worker process's loop (`main`).
 A worker loads the function itself (its spec, not a pickled object), says `ready` (or one line
 why not), then answers each `call` with one message per argument set as soon as it is done:
 (call id, index, "ok" | "error" | "timeout", value or the exception's last line with its file
-and line). Sync functions run one after another (the pool knows which one hangs: the first
+and line). Every message is JSON text (`send_bytes`), never a pickle: the value is checked and
+made plain data here (contract.plain_value: float, None, dict of str -> float; a function of
+lists, a list of them), under the pool's timeout, and an exception crosses as its line; so
+nothing the function made (an own class, an object whose `__reduce__` sleeps) is unpickled in
+the trainer. What it prints reaches the trainer's terminal only through pool.py's relay. Sync functions run one after another (the pool knows which one hangs: the first
 unanswered); `async def` functions run concurrently, at most `concurrency` at once, each under
 `asyncio.wait_for(timeout)` (the pool's kill covers one that blocks the loop). SIGINT is
 ignored: Ctrl-C is the trainer's to handle.
@@ -15,7 +19,7 @@ Not covered: functions that need the trainer's state (they get plain arguments o
 from __future__ import annotations
 
 import asyncio
-import pickle
+import json
 import signal
 import sys
 import traceback
@@ -24,7 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .contract import ValueProblem, arguments, shown
+from .contract import ValueProblem, arguments, plain_list, plain_value
 from .spec import Loaded, load_function
 
 Send = Callable[[int, str, Any], None]
@@ -78,13 +82,19 @@ async def _gather(fn: Loaded, units: Sequence[Mapping[str, Any]], kwargs: Mappin
     await asyncio.gather(*(one(k, u) for k, u in enumerate(units)))
 
 
-def sendable(value: Any) -> tuple[str, Any]:
-    """(status, payload) of a value for the pipe: values that do not pickle become an error."""
+def sendable(value: Any, n: int | None) -> tuple[str, Any]:
+    """(status, payload) of a value for the pipe: plain data (`n`: a function of lists' number
+    of completions), or an error line saying what the contract refused."""
     try:
-        pickle.dumps(value)
-    except Exception:  # noqa: BLE001
-        return "error", f"returned {shown(value)}, which is no number, None or dict of numbers"
-    return "ok", value
+        return "ok", plain_value(value) if n is None else plain_list(value, n)
+    except ValueProblem as e:
+        return "error", str(e)
+    except BaseException as e:  # noqa: BLE001 - a value whose own methods raise
+        return "error", f"its value could not be read: {last_line(e)}"
+
+
+def _message(obj: Any) -> bytes:
+    return json.dumps(obj, allow_nan=True).encode()
 
 
 def main(fd: int) -> None:
@@ -99,25 +109,37 @@ def main(fd: int) -> None:
 
 
 def serve(conn: Any) -> None:
-    spec, kwargs, group, concurrency, timeout_s = conn.recv()
+    spec, kwargs, group, concurrency, timeout_s = conn.recv()  # the trainer's own message
     try:
         fn = load_function(spec, kwargs, None, group)
     except Exception as e:  # noqa: BLE001 - a ConfigError's line, or anything the import raised
-        conn.send(("load_error", str(e)))
+        conn.send_bytes(_message(["load_error", _text(e)]))
         return
-    conn.send(("ready", None))
+    conn.send_bytes(_message(["ready", None]))
     while True:
         msg = conn.recv()
         if msg[0] != "call":
             return
         _, call_id, units, step = msg
 
-        def send(k: int, status: str, payload: Any, call_id: int = call_id) -> None:
+        def send(k: int, status: str, payload: Any, call_id: int = call_id,
+                 units: Any = units) -> None:
             if status == "ok":
-                status, payload = sendable(payload)
-            conn.send((call_id, k, status, payload))
+                n = len(units[k].get("completions", ())) if fn.batched else None
+                status, payload = sendable(payload, n)
+            elif payload is not None:
+                payload = _text(payload)
+            conn.send_bytes(_message([call_id, k, status, payload]))
 
         call_units(fn, units, kwargs, step, concurrency, timeout_s, send)
+
+
+def _text(x: Any) -> str:
+    """An error's line as plain text (str() of it, or its type when that fails)."""
+    try:
+        return str.__str__(str(x))
+    except BaseException:  # noqa: BLE001
+        return f"{type(x).__name__} (its text could not be read)"
 
 
 if __name__ == "__main__":
