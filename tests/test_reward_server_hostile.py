@@ -386,3 +386,102 @@ def test_the_flag_names_a_request_kwarg_and_refuses_the_operators(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().endswith(
         "--request-kwarg bonus is set by --kwarg: a request cannot change what the operator "
         "set"), r.stderr
+
+
+# --- red-team pass 1 of issue 57: the minor findings -------------------------------------------
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: a\r\n" % i for i in range(150)) +
+    b"Content-Length: 2\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\nX: " + b"a" * (1 << 17) + b"\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"],
+    ids=["150-headers", "128k-header-line", "broken-chunked"])
+def test_a_protocol_error_is_not_retried(answer):
+    """Too many headers, a 64 KiB+ header line, a broken chunked body: the client retried them
+    3 times (docs: only connection errors and 5xx are)."""
+    peer = _Peer(lambda conn: conn.sendall(answer))
+    slept: list[float] = []
+    try:
+        status, line = ServerClient(peer.url, "mlx-rlaif", {}, 10, sleep=slept.append
+                                    ).score(_args(), 0)[0]
+        assert status == "error" and peer.url in line and "\n" not in line, line
+        assert peer.hits == 1 and not slept, (peer.hits, line)
+    finally:
+        peer.close()
+
+
+@pytest.mark.parametrize("host", ["evil.com@127.0.0.1:8400", "127.0.0.1:08400",
+                                  "127.0.0.1:+8400", "127.0.0.1:8400#x", "127.0.0.1:8400/x",
+                                  "127.0.0.1:8400?", "user:pw@127.0.0.1:8400",
+                                  " 127.0.0.1:8400"])
+def test_the_host_is_parsed_strictly(host):
+    assert host_allowed(host, "127.0.0.1", 8400) is False
+    assert host_allowed("127.0.0.1:8400", "127.0.0.1", 8400) is True
+    assert host_allowed("[::1]:8400", "::1", 8400) is True
+
+
+def _post_raw(port: int, head: bytes, body: bytes) -> tuple[int, dict]:
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    data = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    head_in, _, raw = data.partition(b"\r\n\r\n")
+    return int(head_in.split(b" ")[1]), json.loads(raw)
+
+
+@pytest.mark.parametrize("dup", [b"Host: evil.example:80\r\n", b"Origin: http://evil\r\n"
+                                 b"Origin: http://evil2\r\n",
+                                 b"Content-Type: text/plain\r\n"], ids=["host", "origin", "type"])
+def test_duplicate_host_origin_or_content_type_is_refused(served, dup):
+    body = json.dumps(GOOD).encode()
+    head = (b"POST / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+            % served.port) + dup
+    status, answer = _post_raw(served.port, head, body)
+    assert status == 400 and "more than one" in _one_line(answer), answer
+
+
+def test_a_request_kwarg_may_not_name_a_protocol_parameter(tmp_path):
+    p = tmp_path / "served.py"
+    p.write_text(SERVED)
+    r = subprocess.run([sys.executable, "-m", "mlx_rlaif.cli", "serve-reward", f"{p}:score",
+                        "--request-kwarg", "completion", "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and \
+        "--request-kwarg completion names a parameter of the protocol" in r.stderr, r.stderr
+
+
+PRINTS = '''
+import sys
+def score(completion):
+    print(completion)
+    sys.stderr.write("err:" + completion + "\\n")
+    return 1.0
+'''
+
+
+def test_serve_reward_relays_a_functions_prints_sanitized(tmp_path):
+    """B4 in serve-reward: a debugging print(completion) let any request write escape
+    sequences and fake lines to the operator's terminal."""
+    p = tmp_path / "printing.py"
+    p.write_text(PRINTS)
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_rlaif.cli", "serve-reward",
+                             f"{p}:score", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    port = int(re.search(r":(\d+)/", line).group(1))
+    evil = "\x1b]52;c;cHduZWQ=\x07\x1b[2J\nserving x on http://evil/"
+    s = _Served(proc, f"http://127.0.0.1:{port}/")
+    assert s.post({"items": [{"completion": evil}]}) == (200, {"rewards": [1.0]})
+    time.sleep(1.0)  # the relay writes the lines it read
+    proc.terminate()
+    out, err = proc.communicate(timeout=30)
+    text = out + err
+    assert "\x1b" not in text and "\x07" not in text, text
+    assert not any(ln.startswith("serving") for ln in text.splitlines()), text
+    assert "printing.py:score" in text and "\\x1b]52;c;" in text, text

@@ -9,7 +9,10 @@ The operator's `--kwarg` are fixed: a request may set only the keys `--request-k
 (none of the operator's), and nothing in a request chooses a function's default (a model, a
 path). With a token (`--token`, or MLX_RLAIF_REWARD_TOKEN in the environment) every request
 must carry it (`Authorization: Bearer`, which the client sends from the same variable); it is
-never printed. Host, Origin and Content-Type are checked (rewards/custom/server.py).
+never printed. Host, Origin and Content-Type are checked (rewards/custom/server.py). Once it
+serves, what the function prints (stdout, stderr, from Python or C) reaches the terminal only
+as `[FILE.py:fn] text` lines on stderr, control characters escaped (rewards/custom/relay.py),
+and the server's own error lines are written whole, one at a time.
 
 Not covered: TLS (put it behind your own proxy for another network).
 """
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from ..errors import UsageError
 
@@ -56,6 +58,7 @@ def kwargs_of(items: list[str]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from ..rewards.custom.client import TOKEN_ENV
+    from ..rewards.custom.relay import capture_fds, write_line
     from ..rewards.custom.server import make_server
     from ..rewards.custom.spec import load_function
 
@@ -73,11 +76,12 @@ def run(args: argparse.Namespace) -> int:
     host, port = server.server_address[:2]
     print(f"serving {args.function} on http://{host}:{port}/ (POST JSON, docs/rewards.md"
           f"{'; a token is required' if token else ''}); Ctrl-C stops", flush=True)
+    server.out = capture_fds(args.function)  # the function's prints: [spec] lines, sanitized
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
-    print("stopped", file=sys.stderr)
+    write_line("stopped", server.out)
     return 0

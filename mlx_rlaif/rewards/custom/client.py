@@ -14,7 +14,8 @@ The client gives each request one deadline, `timeout_s` for all of it (connect, 
 byte of the answer: a server trickling bytes is cut there), follows no redirect (an error names
 the URL and the Location), refuses an answer past MAX_ANSWER_BYTES without reading it whole,
 checks the answer's length, retries connection errors and 5xx answers (3 times, backoff 0.5 s,
-1 s, 2 s) and nothing else, names the URL in every error and sends MLX_RLAIF_REWARD_TOKEN, when
+1 s, 2 s) and nothing else (not an answer that breaks HTTP: too many headers, a header line
+past 64 KiB, a broken chunked body), names the URL in every error and sends MLX_RLAIF_REWARD_TOKEN, when
 set, as `Authorization: Bearer` (never shown in an error).
 
 Not covered: TLS certificates beyond Python's defaults, streaming, a server's own answer
@@ -94,7 +95,14 @@ class ServerClient:
                 code, headers, raw = self._once(data)
             except TimeoutError:
                 raise
-            except (OSError, http.client.HTTPException) as e:
+            except http.client.HTTPException as e:
+                if not isinstance(e, ConnectionError):  # a broken answer: not retried
+                    raise _Failed(f"{self.url} answered something that is not HTTP "
+                                  f"({_protocol_error(e)})") from None
+                if attempt == RETRIES:
+                    raise _Failed(f"{self.url} unreachable after {RETRIES + 1} tries: "
+                                  f"{str(e) or type(e).__name__}") from None
+            except OSError as e:
                 if attempt == RETRIES:
                     raise _Failed(f"{self.url} unreachable after {RETRIES + 1} tries: "
                                   f"{str(e) or type(e).__name__}") from None
@@ -188,6 +196,11 @@ def _json_of(url: str, raw: bytes) -> Any:
         return json.loads(raw)
     except (ValueError, RecursionError):
         raise _Failed(f"{url} answered something that is not JSON: {raw[:60]!r}") from None
+
+
+def _protocol_error(e: http.client.HTTPException) -> str:
+    """A broken answer's error, short and without the answer's bytes."""
+    return f"{type(e).__name__}: {str(e)[:80]!r}" if str(e) else type(e).__name__
 
 
 def _error_of(raw: bytes) -> str:

@@ -23,16 +23,17 @@ import contextlib
 import hmac
 import ipaddress
 import json
+import re
 import sys
 import threading
-import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .client import JSON_KEYS, TOKEN_ENV
 from .contract import ValueProblem, as_lists, check_list, label_of
-from .spec import Loaded
+from .relay import write_line
+from .spec import PLURAL, SHARED, SINGULAR, Loaded
 from .worker import call_units
 
 MAX_REQUEST_BYTES = 64 * 2**20  # a request's body is refused past this
@@ -121,17 +122,20 @@ def _type(v: Any) -> str:
             type(None): "null"}.get(type(v), f"a {type(v).__name__}")
 
 
+_HOST = re.compile(r"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9.-]+)):([1-9][0-9]{0,4})")
+UNIQUE_HEADERS = ("Host", "Origin", "Content-Type", "Content-Length", "Authorization",
+                  "Sec-Fetch-Site")
+PROTOCOL_NAMES = frozenset((*SINGULAR, *PLURAL, *SHARED))  # no --request-kwarg may name one
+
+
 def host_allowed(host: str | None, bound: str, port: int) -> bool:
     """Whether a request's Host header names this server: the address it is bound to (or
     localhost, bound to a loopback address; any address literal, bound to all of them) and its
     port. A name a DNS answer could point here (rebinding) is refused."""
-    if not host:
+    m = _HOST.fullmatch(host or "")
+    if m is None:  # strictly host:port: no userinfo, no path, no leading zero, no spaces
         return False
-    try:
-        parts = urllib.parse.urlsplit(f"//{host}")
-        name, their_port = parts.hostname or "", parts.port or 80
-    except ValueError:
-        return False
+    name, their_port = (m.group(1) or m.group(2)), int(m.group(3))
     if their_port != port:
         return False
     try:
@@ -165,6 +169,10 @@ def make_server(fn: Loaded, host: str, port: int, kwargs: Mapping[str, Any] | No
     lock = threading.Lock() if not fn.is_async else None
     base = dict(kwargs or {})
     allowed = frozenset(request_kwargs)
+    if allowed & PROTOCOL_NAMES:
+        raise ValueError(f"--request-kwarg {sorted(allowed & PROTOCOL_NAMES)[0]} names a "
+                         "parameter of the protocol (the request's items fill it): name the "
+                         "function's own keyword arguments only")
     if allowed & set(base):
         raise ValueError(f"--request-kwarg {sorted(allowed & set(base))[0]} is set by --kwarg: "
                          "a request cannot change what the operator set")
@@ -208,6 +216,9 @@ def make_server(fn: Loaded, host: str, port: int, kwargs: Mapping[str, Any] | No
             """Who may ask: this server's address as Host, no other site's page, the token;
             then a JSON body of a declared size within the bound."""
             h = self.headers
+            for name in UNIQUE_HEADERS:
+                if len(h.get_all(name) or ()) > 1:
+                    raise BadRequest(f"more than one {name} header")
             if not host_allowed(h.get("Host"), *self.server.server_address[:2]):
                 raise BadRequest(f"Host {str(h.get('Host'))[:80]!r} is not this server's "
                                  "address: use the URL it printed", 403)
@@ -265,9 +276,10 @@ def make_server(fn: Loaded, host: str, port: int, kwargs: Mapping[str, Any] | No
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    out: Any = None  # where its own lines go (serve-reward: the real stderr; else stderr)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A request that broke the handler: one line on stderr, never a traceback."""
         e = sys.exc_info()[1]
-        print(f"serve-reward: a request from {client_address[0]} failed: "
-              f"{type(e).__name__}: {str(e)[:200]!r}", file=sys.stderr)
+        write_line(f"serve-reward: a request from {client_address[0]} failed: "
+                   f"{type(e).__name__}: {str(e)[:200]!r}", self.out)
