@@ -485,3 +485,70 @@ def test_serve_reward_relays_a_functions_prints_sanitized(tmp_path):
     assert "\x1b" not in text and "\x07" not in text, text
     assert not any(ln.startswith("serving") for ln in text.splitlines()), text
     assert "printing.py:score" in text and "\\x1b]52;c;" in text, text
+
+
+@pytest.mark.parametrize("rewards, match", [
+    (b"1" + b"0" * 400, "returned int of 401 digits"), (b"true", "returned bool True"),
+    (b"{}", "returned an empty dict"), (b"1e308", "returned 1e+308, above 1e+100 in size")],
+    ids=["401-digits", "true", "empty-dict", "1e308"])
+def test_a_servers_hostile_reward_is_one_line_or_none(rewards, match):
+    """B1 and the minor findings, from a server: a 401-digit JSON integer was an OverflowError
+    traceback even under on_error unscorable, `true` read as 1.0, `{}` silently None."""
+    from mlx_rlaif.errors import RewardError
+    from mlx_rlaif.rewards.custom.components import ComponentsReward, Custom
+
+    body = b'{"rewards": [' + rewards + b', 0.5]}'
+    peer = _Peer(lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
+                                           % len(body) + body))
+    client = ServerClient(peer.url, "mlx-rlaif", {}, 10)
+    tasks = [Task(id="t", prompt="p"), Task(id="u", prompt="p")]
+    try:
+        for on_error in ("stop", "unscorable"):
+            reward = ComponentsReward([], [Custom("rm", 1.0, client.score, peer.url, True,
+                                                  server=True)], on_error=on_error,
+                                      max_error_frac=1.0)
+            reward.customs[0].batched = False
+            if on_error == "stop":
+                with pytest.raises(RewardError, match=re.escape(
+                        f"reward component rm ({peer.url}) on task t: {match}")):
+                    reward.score(tasks, ["a", "b"])
+            else:
+                first, second = reward.score(tasks, ["a", "b"])
+                assert first.value is None and match in first.reason and second.value == 0.5
+    finally:
+        peer.close()
+
+
+def test_serve_reward_writes_its_error_lines_whole_under_concurrent_failures(monkeypatch):
+    """Minor finding: serve-reward's error lines interleaved when requests failed at once (a
+    line's text, then its newline, written apart). One lock around whole lines."""
+    import io
+
+    from mlx_rlaif.rewards.custom.server import _Server
+
+    class Slow(io.StringIO):
+        def write(self, s: str) -> int:
+            time.sleep(0.002)
+            return super().write(s)
+
+    out = Slow()
+    monkeypatch.setattr(sys, "stderr", out)
+    server = _Server.__new__(_Server)
+
+    def fail(k: int) -> None:
+        for _ in range(5):
+            try:
+                raise ValueError(f"request {k}")
+            except ValueError:
+                _Server.handle_error(server, None, (f"10.0.0.{k}", 1))
+
+    threads = [threading.Thread(target=fail, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = out.getvalue().split("\n")
+    assert lines[-1] == "" and len(lines) == 41, lines
+    for line in lines[:-1]:
+        assert re.fullmatch(r"serve-reward: a request from 10\.0\.0\.(\d) failed: ValueError: "
+                            r"'request \1'", line), line
