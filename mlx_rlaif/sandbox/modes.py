@@ -12,6 +12,7 @@ Not covered: cgroups (no memory or pid accounting across processes beyond rlimit
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import pwd
@@ -227,20 +228,65 @@ def prefix_of(exe: str) -> str:
     return str(real.parent.parent)
 
 
-class UidPool:
-    """Unprivileged uids for parallel runs when we are root: `base .. base + n - 1`."""
+UID_SPAN = 4096  # how far past uid_base a pool looks for uids no other pool on the machine holds
 
-    def __init__(self, base: int, n: int):
-        for uid in range(base, base + n):
+
+def uid_lock_dir() -> Path:
+    """Where pools hold their uids' locks: one directory for the whole machine, root's alone."""
+    base = Path("/run") if os.path.isdir("/run") else Path(tempfile.gettempdir())
+    d = base / "mlx-rlaif-uids"
+    d.mkdir(mode=0o700, exist_ok=True)
+    if d.is_symlink() or d.stat().st_uid != os.geteuid():
+        raise ConfigError(f"{d} is not this user's own directory: remove it (it holds the "
+                          "sandbox uids' locks)")
+    return d
+
+
+class UidPool:
+    """Unprivileged uids for parallel runs when we are root: `n` uids from `base` up that no
+    other pool on this machine holds.
+
+    Every process running student code as root kills a run by its uid (`kill_uid`), so two
+    trainers sharing a uid killed each other's runs, and verdicts followed the other run's
+    timing. Each uid taken is held by an exclusive lock on a file of `uid_lock_dir()` for the
+    pool's life (the kernel drops it when the process ends, also on kill -9); a uid held by
+    another pool is skipped. A uid an account uses is a config error, as before.
+    """
+
+    def __init__(self, base: int, n: int, lock_dir: Path | None = None):
+        self._locks: list[int] = []
+        taken = []
+        where = lock_dir or uid_lock_dir()
+        for uid in range(base, base + UID_SPAN):
+            if len(taken) == n:
+                break
+            _check_unused(uid)
+            fd = os.open(where / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
-                name = pwd.getpwuid(uid).pw_name
-            except KeyError:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)  # another pool's
                 continue
-            raise ConfigError(f"sandbox uid {uid} belongs to user {name!r}: set "
-                              "reward.exec.uid_base to a range no account uses")
+            self._locks.append(fd)
+            taken.append(uid)
+        if len(taken) < n:
+            self.close()
+            raise ConfigError(f"no {n} free sandbox uids from {base} to {base + UID_SPAN - 1} "
+                              "(other runs on this machine hold them): set reward.exec.uid_base "
+                              "to another range")
+        self.uids = tuple(taken)
         self._free: queue.Queue[int] = queue.Queue()
-        for uid in range(base, base + n):
+        for uid in taken:
             self._free.put(uid)
+
+    def close(self) -> None:
+        """Give the uids back to the machine (also done when the process ends)."""
+        for fd in self._locks:
+            os.close(fd)
+        self._locks = []
+
+    def __del__(self) -> None:
+        self.close()
 
     @contextmanager
     def lease(self) -> Iterator[int]:
@@ -249,6 +295,15 @@ class UidPool:
             yield uid
         finally:
             self._free.put(uid)
+
+
+def _check_unused(uid: int) -> None:
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return
+    raise ConfigError(f"sandbox uid {uid} belongs to user {name!r}: set "
+                      "reward.exec.uid_base to a range no account uses")
 
 
 def processes_of(uid: int) -> list[int]:
@@ -289,9 +344,7 @@ BOX_NAME = re.compile(r"mlx-rlaif-box-[A-Za-z0-9_]{8}")  # tempfile.mkdtemp's na
 def remove_owned(uid: int, since: float, dirs: Sequence[str] = SHARED_DIRS) -> None:
     """Remove what `uid` left directly in the world-writable directories since `since` (we are
     root, its processes are gone; rmtree does not follow symlinks). Boxes are never touched:
-    another trainer on this machine with the same uid range may be using one (concurrent
-    trainers as root need different `reward.exec.uid_base`s anyway: a run's processes are
-    killed by uid)."""
+    another trainer's runs may be using one (trainers never share a uid: `UidPool`)."""
     for d in dirs:
         try:
             entries = list(os.scandir(d))
