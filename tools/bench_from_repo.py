@@ -8,7 +8,7 @@ outside the tests), functions the tests called, tasks kept, the mutation score d
 the kept tasks, the build's wall time, and the reference pass rate (must be 100%).
 
     python tools/bench_from_repo.py inflection toolz humanize --python /path/to/venv/bin/python \\
-        [--max-mutants 20] [--out-dir DIR] [--markdown FILE]
+        [--max-mutants 20] [--out-dir DIR] [--markdown FILE] [--uid-base N]
 
 `--python` names the interpreter with the libraries' test dependencies (pytest, and e.g.
 freezegun for humanize). Not a test: it downloads, and it takes minutes.
@@ -63,6 +63,8 @@ def bench_one(name: str, args: argparse.Namespace, work: Path) -> dict:
            str(args.max_mutants), "--timeout", str(args.timeout)]
     if args.python:
         cmd += ["--python", args.python]
+    uids = ["--set", f"reward.exec.uid_base={args.uid_base}"]
+    cmd += uids
     t0 = time.monotonic()
     r = cli(*cmd)
     seconds = time.monotonic() - t0
@@ -75,7 +77,7 @@ def bench_one(name: str, args: argparse.Namespace, work: Path) -> dict:
     refs.write_text("".join(json.dumps({**t, "completion": t["solution"]}) + "\n"
                             for t in tasks))
     scored = work / f"{repo.name}.scored.jsonl"
-    s = cli("score", "--file", str(refs), "--out", str(scored), "--reward", "exec")
+    s = cli("score", "--file", str(refs), "--out", str(scored), "--reward", "exec", *uids)
     if s.returncode != 0:
         raise SystemExit(s.stderr)
     passed = sum(o["details"].get("passed") == o["details"].get("total") and o["reward"]
@@ -111,6 +113,8 @@ def main() -> None:
     p.add_argument("--max-mutants", type=int, default=20)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--out-dir", type=Path, default=None)
+    p.add_argument("--uid-base", type=int, default=64000,
+                   help="reward.exec.uid_base: as root, a uid range no other sandbox user shares")
     p.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     args = p.parse_args()
     work = (args.out_dir or Path(tempfile.mkdtemp(prefix="bench-from-repo-"))).resolve()

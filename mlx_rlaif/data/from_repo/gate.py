@@ -29,6 +29,8 @@ from ...records import Reward
 from .mutate import blank_bodies, mutants
 from .tasks import with_checks
 
+CHUNK = 64  # answers scored per progress line
+
 
 @dataclass
 class Gated:
@@ -89,7 +91,11 @@ def gate(records: list[dict], score: Callable[[list, list[str]], list[Reward]],
         plan += [(i, "mutant", m) for m in mutants(rec["solution"], rec["entry_point"],
                                                    max_mutants, seed=i)]
     tasks = [_task(rec) for rec in candidates]
-    results = score([tasks[i] for i, _, _ in plan], [_fenced(code) for _, _, code in plan])
+    results: list[Reward] = []
+    for k in range(0, len(plan), CHUNK):  # in chunks, to say how far it is
+        part = plan[k:k + CHUNK]
+        results += score([tasks[i] for i, _, _ in part], [_fenced(code) for _, _, code in part])
+        say(f"gate: {len(results)} of {len(plan)} answers run")
     by: dict[int, dict[str, list[Reward]]] = {}
     for (i, role, _), r in zip(plan, results, strict=True):
         by.setdefault(i, {"original": [], "blank": [], "mutant": []})[role].append(r)
