@@ -717,7 +717,9 @@ def test_a_returned_value_crosses_to_the_trainer_as_plain_data_under_the_timeout
     """B3: the trainer unpickled what a function returned, outside the timeout: an own-class
     float was ModuleNotFoundError (a traceback), an object whose __reduce__ sleeps hung the
     trainer past timeout_s. The worker converts the value (float, None, dict of str -> float)
-    under the timeout and sends JSON text; anything else is an error line."""
+    under the timeout and sends JSON text; anything else is an error line. A float subclass is
+    read as the float it is (its own `__float__`, which sleeps, is never called); a dict whose
+    `items()` sleeps is converted in the worker, so it is a timeout, not a hung trainer."""
     for name, expect in (("own_float", ("ok", 0.25)), ("bigint", "error"),
                          ("evil_reduce", "error"), ("slow_float", ("ok", 0.5)),
                          ("slow_map", ("timeout", None)),

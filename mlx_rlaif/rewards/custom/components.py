@@ -11,6 +11,10 @@ values that are not None, 0 where they do not vary); None when every trained com
 (unscorable: advantage 0, counted as reward/frac_none). Its parts are each component's value
 and named parts (`format`, `judge/correctness`, ...).
 
+Each value, each weighted value (`weighed`) and each completion's total are held to
+|v| <= contract.MAX_REWARD (1e100): past it (or not finite) the weighted value is an error of
+its component like NaN, and the total one naming the components (stop: RewardError; unscorable:
+the completion's value None), so no reward makes the advantages or the loss NaN.
 A function's error, timeout or a value the contract refuses either raises RewardError at once
 (`on_error: stop`, naming the component, the task and the traceback's last line; the step
 stops before its update) or makes that completion's value None for that component

@@ -5,7 +5,8 @@ mlx_rlaif.rewards.custom.worker`, talking over a socket pair: nothing of the tra
 MLX, is inherited, and no `__main__` is imported again; what the function prints, stdout and
 stderr, goes to stderr through relay.py: each line `[spec] text`, control characters escaped,
 never into a command's output) that each load the function; `run(units, step)` spreads the argument sets
-over them and returns one outcome per set: ("ok", value), ("error", the exception's last line)
+over them and returns one outcome per set (each worker message is JSON text, never a pickle:
+worker.py): ("ok", plain value), ("error", the exception's last line)
 or ("timeout", None). A worker silent for longer than the timeout past its last answer is
 killed (SIGKILL: a thread or an asyncio timeout cannot stop a function stuck in C code or a
 sleep) and a fresh one takes the rest of its sets: with a sync function the set it hung on is
