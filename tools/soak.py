@@ -19,7 +19,7 @@ rewards are all equal; checkpoints every 50 steps), read after every step: activ
 each reading); the growth per step is the least-squares slope over the steps after the first
 tenth. Writes `soak-memory.json` in --out:
 
-    flock /tmp/mlx-rlaif-measure.lock python3 tools/soak.py --memory --steps 200 \\
+    flock /tmp/mlx-rlaif-measure.lock python3 tools/soak.py --memory --steps 150 \\
         --out runs/soak-memory
 
 Not covered: GPU memory; macOS (no /proc: the process checks use psutil only, untested there).
@@ -162,7 +162,7 @@ def table(result: dict) -> str:
 
 MEMORY_SETS = ("data.train_file=suite:synthetic-train", "data.languages=[python]",
                "reward.type=syntax", "training.batch_size=2",
-               "generation.num_samples_per_prompt=4", "generation.max_new_tokens=32",
+               "generation.num_samples_per_prompt=4", "generation.max_new_tokens=16",
                "training.save_every_batches=50", "training.save_total_limit=2",
                "logging.log_every=50", "data.eval_file=", "logging.baseline_eval_batches=0",
                "rl.drop_zero_std=false", "rl.entropy_coef=0.05")  # every step updates
@@ -181,11 +181,11 @@ def memory_soak(steps: int, model: Path, work: Path, sets: tuple[str, ...] = ())
 
     class Recorder(MetricsHub):
         def log_step(self, step: int, metrics: dict) -> None:
+            super().log_step(step, metrics)  # first: its memory/mlx_peak_gb before the reset
             rows.append({"step": step, "active_mb": round(mx.get_active_memory() / 2**20, 2),
                          "cache_mb": round(mx.get_cache_memory() / 2**20, 2),
                          "peak_mb": round(mx.get_peak_memory() / 2**20, 2)})
             mx.reset_peak_memory()
-            super().log_step(step, metrics)
 
     run_dir = work / "run"
     cfg = load(None, [*MEMORY_SETS, f"model.path={model}", f"training.output_dir={run_dir}",
