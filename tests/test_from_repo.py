@@ -196,6 +196,13 @@ def test_not_a_python_project(tmp_path: Path):
     one_line_error(r, "not a Python project")
 
 
+def test_the_task_file_is_never_written_into_the_repository(tmp_path: Path):
+    repo = copy_fixture(tmp_path)
+    r = cli("data", "from-repo", str(repo), "--out", str(repo / "tasks.jsonl"))
+    one_line_error(r, "inside the repository, which is never written")
+    assert not (repo / "tasks.jsonl").exists()
+
+
 @needs_bwrap
 def test_tests_that_fail_before_any_change_and_a_hanging_command(tmp_path: Path):
     repo = copy_fixture(tmp_path)
