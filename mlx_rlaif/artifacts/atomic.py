@@ -44,13 +44,24 @@ def atomic_dir(out: Path) -> Iterator[Path]:
     os.replace(tmp, out)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path | str, text: str) -> None:
     """Write `text` beside `path`, then rename it into place (the temporary file is removed
-    when the write fails, e.g. on a full disk)."""
+    when the write fails, e.g. on a full disk).
+
+    Only a regular file (or a new one) is replaced: `--out /dev/null` or `/dev/stdout` (a
+    device, a pipe) is written into as it is, never renamed over (as root, a rename in /dev
+    replaced the machine's /dev/null with a regular file); a directory is refused."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        if path.is_dir():
+            raise UsageError(f"{path} is a directory: pass a file path")
+        with path.open("w", encoding="utf-8") as f:  # a device or a pipe: nothing to replace
+            f.write(text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

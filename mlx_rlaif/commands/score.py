@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -106,17 +104,10 @@ def scored_line(rec: dict, reward: Any) -> str:
 
 
 def write_atomic(path: str, lines: list[str]) -> None:
-    """Write all lines to `path` through a temp file in the same directory and os.replace."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line in lines)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write all lines to `path` whole or not at all (artifacts.atomic.write_text_atomic)."""
+    from ..artifacts.atomic import write_text_atomic
+
+    write_text_atomic(Path(path), "".join(line + "\n" for line in lines))
 
 
 def with_user_cache(cfg: Any, off: bool) -> Any:

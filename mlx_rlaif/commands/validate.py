@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -244,10 +243,9 @@ def report(tasks: list, base: dict, tuned: dict, args: argparse.Namespace, cfg: 
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False, default=_no_nan) + "\n")
-    os.replace(tmp, path)
+    from ..artifacts.atomic import write_text_atomic
+
+    write_text_atomic(path, json.dumps(data, indent=2, allow_nan=False, default=_no_nan) + "\n")
 
 
 def _no_nan(x: Any) -> Any:

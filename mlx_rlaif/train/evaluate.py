@@ -123,9 +123,6 @@ def summarize(rows: list[dict], n: int, ks: Sequence[int]) -> dict[str, Any]:
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    tmp.replace(path)
+    from ..artifacts.atomic import write_text_atomic
+
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
