@@ -227,4 +227,4 @@ def test_the_hub_hands_the_time_budget_to_the_plain_lines(tmp_path, capsys):
                             time_budget_s=300.0)
     hub.log_step(1, {"time/training_s": 192.0, "reward/mean": 0.5})
     hub.close()
-    assert "step 1 (3.2 of 5 min) | reward 0.5000" in capsys.readouterr().out
+    assert "step 1 (3.2 of 5 min) | elapsed 0s | reward 0.5000" in capsys.readouterr().out

@@ -66,10 +66,11 @@ def loop(run: Run, tasks: list[Task], steps: int | None, hub: Any,
         every_rank_values(run.world, pass_values(rs, ws), tasks), keys)) \
         if run.curriculum is not None else (lambda rs, ws: None)
     started, paused = time.monotonic(), 0.0  # paused on battery: not training time
+    mark = started  # when the next step began (the clock is read twice a step)
     deadline = started + 60 * cfg.training.max_minutes if cfg.training.max_minutes else math.inf
     clock, watch = StepClock(), PowerWatch(cfg.training.on_battery, hub.message)
     while run.state.step < (math.inf if steps is None else steps):
-        s, t0 = run.state, time.monotonic()
+        s = run.state
         try:
             metrics, samples = rl_step(run, stream.take, observe)
         except TeacherError as e:
@@ -82,14 +83,14 @@ def loop(run: Run, tasks: list[Task], steps: int | None, hub: Any,
         epoch_end = stream.epoch > s.epoch
         run.state = replace(run.state, epoch=stream.epoch, cursor=stream.cursor)
         run.state = track_reward(run.state, metrics.get("reward/mean"))
-        clock.step(time.monotonic() - t0)
+        now = time.monotonic()
+        clock.step(now - mark)
         metrics.update({"epoch": float(s.epoch + 1), "batch": float(s.cursor // P + 1),
                         "dist/world_size": float(run.world.size),
-                        "time/training_s": time.monotonic() - started - paused,
-                        **watch.read(), **eta_of(clock, steps, run.state.step, cfg.training,
-                                                 time.monotonic() - started - paused)})
-        watch.slowed(time.monotonic() - t0, clock.median())
-        t1 = time.monotonic()
+                        "time/training_s": now - started - paused, **watch.read(),
+                        **eta_of(clock, steps, run.state.step, cfg.training,
+                                 now - started - paused)})
+        watch.slowed(now - mark, clock.median())
         if cfg.training.max_memory_gb:  # the memory plan's budget (train/memory_plan.py)
             metrics["memory/budget_gb"] = cfg.training.max_memory_gb
         hub.log_samples(run.state.step, samples)  # first: the health check names their tasks
@@ -104,16 +105,16 @@ def loop(run: Run, tasks: list[Task], steps: int | None, hub: Any,
             run.stop = "interrupted" if interrupted() else None  # during the evaluation
         if run.stop:
             break
-        clock.periodic(time.monotonic() - t1)  # logging, checkpoint, periodic evaluation
-        if deadline < math.inf and run.world.first(lambda p=paused: time.monotonic() - p
-                                                   >= deadline):
+        end = time.monotonic()
+        clock.periodic(end - now)  # logging, checkpoint, periodic evaluation
+        if deadline < math.inf and run.world.first(lambda e=end - paused: e >= deadline):
             hub.message(f"time budget of {cfg.training.max_minutes:g} min reached after "
                         f"{run.state.step} steps")
             break
-        end, waited = boundary(run, hub, watch, interrupted, s.cursor // P + 1)
-        paused += waited
+        on_battery_stop, waited = boundary(run, hub, watch, interrupted, s.cursor // P + 1)
+        paused, mark = paused + waited, end + waited
         run.stop = "interrupted" if interrupted() else None  # during a pause
-        if end or run.stop:
+        if on_battery_stop or run.stop:
             break
     if run.stop:
         hub.message(f"stopping: {run.stop}; checkpoint saved")
