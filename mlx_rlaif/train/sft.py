@@ -58,6 +58,7 @@ from ..errors import ConfigError, DataError
 from ..metrics.jsonl import JsonlWriter
 from ..records import Task
 from .guidance import reference_answer
+from .laptop import keep_awake, release
 from .length import RunLength, run_length
 from .run import due_checkpoint
 
@@ -296,10 +297,12 @@ def sft(cfg: SFTRunConfig, progress: Any = None, log: Any = print) -> Path:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     (run.run_dir / "config.yaml").write_text(dump(cfg))
     metrics_out = JsonlWriter(run.run_dir / "batches.jsonl", append=False)
+    awake = keep_awake(t.prevent_sleep, log)  # macOS: caffeinate (laptop.py)
     try:
         with training_fast_paths(policy.model):
             _loop(run, data, valid, steps, metrics_out, progress, log)
     finally:
+        release(awake)
         metrics_out.close()
     return run.run_dir
 
