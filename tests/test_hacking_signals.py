@@ -9,8 +9,10 @@ with a scripted student show them.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -76,14 +78,14 @@ def test_grader_text_only_where_addressed_to_a_judge() -> None:
 # --- runtime: the audit channel ------------------------------------------------------------------
 
 
-def _run(sb: Sandbox, code: str) -> tuple:
+def _run(sb: Sandbox, code: str, readable: tuple[str, ...] = ()) -> tuple:
     with sb.box() as box:
         path = box.write("solution.py", code)
         ch = Channel()
         try:
             writable = [box.inside, "/tmp"] if sb.mode == "bwrap" else [box.inside]
             run = sb.start(box, [path], Limits(timeout_s=5.0), python_file=True,
-                           audit=ch.spec(box.inside, writable))
+                           audit=ch.spec(box.inside, writable, readable=readable))
             ch.opened()
             return run.wait(), ch.read()
         finally:
@@ -446,3 +448,28 @@ def test_eval_command_reports_signals(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [len(r["signals"]) for r in rows] == [1, 1]  # one {signal: reason} per completion
     assert all(isinstance(found, dict) for r in rows for found in r["signals"])
+
+
+@pytest.mark.parametrize("mode", ["process", "bwrap"])
+def test_importing_from_a_directory_given_to_read_is_no_event(mode: str) -> None:
+    """A repository task imports its repository (`Sandbox.also_read`): the import system lists
+    it, which raised lists_outside on every repository task (hack/frac 1.0); listing a
+    directory nobody gave the run still does."""
+    if mode == "bwrap" and BWRAP_SKIP:
+        pytest.skip(BWRAP_SKIP)
+    repo = Path(tempfile.mkdtemp(prefix="given-to-read-"))  # readable by the sandbox's uid
+    try:
+        (repo / "pkg").mkdir()
+        (repo / "pkg" / "__init__.py").write_text("VALUE = 7\n")
+        repo.chmod(0o755)
+        sb = Sandbox(mode, slots=1, uid_base=64100)
+        sb.also_read([str(repo)])
+        honest = (f"import sys\nsys.dont_write_bytecode = True\nsys.path.insert(0, {str(repo)!r})"
+                  "\nimport pkg\nprint(pkg.VALUE)\n")  # as rewards/exec/repo.py imports
+        r, seen = _run(sb, honest, readable=sb.readable)
+        assert r.ok and r.stdout.decode().strip() == "7", r.stderr
+        assert not seen.events
+        r, seen = _run(sb, "import os\nprint(len(os.listdir('/etc')))\n", readable=sb.readable)
+        assert "lists_outside" in seen.events
+    finally:
+        shutil.rmtree(repo)

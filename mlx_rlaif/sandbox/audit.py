@@ -77,9 +77,14 @@ class Channel:
         """The fds the sandboxed process keeps open (the key's read end, the events' write end)."""
         return self._key_r, self._w
 
-    def spec(self, box: str, writable: list[str], serve: bool = False) -> dict:
+    def spec(self, box: str, writable: list[str], serve: bool = False,
+             readable: tuple[str, ...] = ()) -> dict:
+        """`readable`: directories the run is given to read (a repository task's repository,
+        `Sandbox.readable`): listing and reading them is no event (the import system
+        does both); a read of the harness's files there still is."""
         return {"fd": self._w, "key_fd": self._key_r, "box": box, "writable": writable,
-                "protect": list(PROTECT), "serve": serve, "code": HOOK}
+                "readable": list(readable), "protect": list(PROTECT), "serve": serve,
+                "code": HOOK}
 
     def opened(self) -> None:
         """The run has started: its copies of the sandbox's ends are its own now."""

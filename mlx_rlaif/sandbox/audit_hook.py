@@ -167,7 +167,9 @@ def _path_kind(full, what, cfg):
     if _under(full, cfg["box"]) or full.startswith("/dev/") or _own_proc(full) or \
             full == "/proc/self":
         return None
-    if what == "list":
+    if _under(full, cfg["readable"]):
+        return None  # given to the run to import from (a repository task's repository)
+    if what == "list":  # the import system lists sys.path's directories
         return None if _under(full, cfg["paths"]) else "lists_outside"
     return None if _under(full, cfg["tmp"]) else "reads_outside"
 
@@ -287,7 +289,8 @@ def install(cfg):
            "protect": frozenset(cfg["protect"]), "cwd": os.getcwd(),
            "system": tuple(sorted({sys.prefix, sys.base_prefix, sys.exec_prefix,
                                    sys.base_exec_prefix})),
-           "paths": tuple(p for p in sys.path if type(p) is str and p.startswith("/"))}
+           "paths": tuple(p for p in sys.path if type(p) is str and p.startswith("/")),
+           "readable": tuple(cfg.get("readable", ()))}
     seen = {}
     state = [0]  # lines written
     busy = set()  # threads inside the hook: the events of its own calls are ours

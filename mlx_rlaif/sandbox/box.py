@@ -243,6 +243,12 @@ class Sandbox:
                                    *self._ro[1:], *([dev] if dev else [])]
                 self._profile = seatbelt.profile(len(self._exec_dirs))
 
+    @property
+    def readable(self) -> tuple[str, ...]:
+        """The directories given to runs to read beyond the interpreter's (`ro_paths`,
+        `also_read`), as runs see them."""
+        return self._ro[1:]
+
     def describe(self) -> str:
         who = "own uid per slot" if self.root else f"uid {os.geteuid()}"
         return f"{self.mode} ({self.why}; {who})"

@@ -50,7 +50,8 @@ def watched(sandbox: Sandbox, box: Box) -> Iterator[Watch]:
     channel = Channel()
     writable = [box.inside, "/tmp"] if sandbox.mode == "bwrap" else [box.inside]
     try:
-        yield Watch(channel.spec(box.inside, writable, serve=True), channel)
+        yield Watch(channel.spec(box.inside, writable, serve=True, readable=sandbox.readable),
+                    channel)
     finally:
         channel.close()
 
@@ -79,7 +80,8 @@ def watched_runs(sandbox: Sandbox, box: Box, n: int, python: bool,
     runtime signals of the runs made (`RunsWatch.results`) are added to `found`."""
     channel = Channel(copies=n + 1) if python else None
     writable = [box.inside, "/tmp"] if sandbox.mode == "bwrap" else [box.inside]
-    watch = RunsWatch(channel.spec(box.inside, writable, serve=False) if channel else None)
+    watch = RunsWatch(channel.spec(box.inside, writable, readable=sandbox.readable)
+                      if channel else None)
     try:
         yield watch
         if channel is not None and watch.results:
