@@ -5,7 +5,9 @@ can hold terminal control sequences: ESC starts CSI and OSC sequences (set the t
 screen, and on terminals that honour OSC 52, write the clipboard), BEL ends OSC, CR overwrites
 a line, and C1 characters (U+0080-U+009F) act as ESC on some terminals. Bidirectional overrides
 (U+202A-U+202E, U+2066-U+2069, and the marks U+061C, U+200E, U+200F) reorder what is shown;
-U+2028 and U+2029 separate lines where a viewer honours them. Everything that prints such text (the
+U+2028 and U+2029 separate lines where a viewer honours them; the other format characters
+(Unicode category Cf: zero-width space, joiners, word joiner, BOM, soft hyphen, tags) are invisible
+and hide what a line holds. Everything that prints such text (the
 dashboard, the plain log lines, `eval`, `validate`, `score`, `summary`, `data convert`,
 `check-rewards`, `audit-judge`, `doctor`, error lines) passes it
 through `visible()`, which writes each of these characters as its escape (`\\x1b`, `\\u202e`,
@@ -28,14 +30,23 @@ from typing import Any
 _CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)]
 # bidirectional overrides, embeddings, isolates and marks; line and paragraph separators
 _BIDI = [*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x061C, 0x200E, 0x200F, 0x2028, 0x2029]
+# every other format character (Unicode category Cf, as of Unicode 15): invisible, zero-width
+_FORMAT_RANGES = ((0xAD, 0xAD), (0x600, 0x605), (0x6DD, 0x6DD), (0x70F, 0x70F), (0x890, 0x891),
+                  (0x8E2, 0x8E2), (0x180E, 0x180E), (0x200B, 0x200D), (0x2060, 0x2065),
+                  (0x206A, 0x206F), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB), (0x110BD, 0x110BD),
+                  (0x110CD, 0x110CD), (0x13430, 0x1343F), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+                  (0xE0001, 0xE0001), (0xE0020, 0xE007F))
+_FORMAT = [c for a, b in _FORMAT_RANGES for c in range(a, b + 1)]
 _NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
 
 
 def _escape(c: int) -> str:
-    return _NAMED.get(c) or (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}")
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
 
 
-_TABLE = {c: _escape(c) for c in (*_CONTROLS, *_BIDI)}
+_TABLE = {c: _escape(c) for c in (*_CONTROLS, *_BIDI, *_FORMAT)}
 _TABLE_LAYOUT = {k: v for k, v in _TABLE.items() if k not in (0x09, 0x0A)}  # tab, newline stay
 _JSON = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0), *_BIDI)}  # json escapes C0 itself
 

@@ -1,7 +1,13 @@
 """Output files and directories that appear whole or not at all: written beside their place under
 a temporary name, then renamed into it (`os.replace`, atomic on one filesystem).
 
-Not covered: durability across a power cut (no fsync of the parent directory).
+A place that cannot hold the output (under a regular file, a name too long for the filesystem,
+/proc) is refused in one line before any work (`check_out_dir` creates and removes the temporary
+directory there); a temporary directory a killed export left (`.OUT.tmp-PID` of a process that
+is gone) is removed by the next export to the same place.
+
+Not covered: durability across a power cut (no fsync of the parent directory); a temporary
+directory whose process id was reused by a live process (kept).
 """
 
 from __future__ import annotations
@@ -18,22 +24,72 @@ from ..errors import UsageError
 
 
 def check_out_dir(out: str | Path, flag: str = "--out") -> Path:
-    """An output directory that does not exist yet or is empty; never overwritten."""
+    """An output directory that does not exist yet or is empty, and a place where one can be
+    made (its temporary directory is created there and removed); never overwritten."""
     p = Path(out)
-    if p.exists() and (not p.is_dir() or any(p.iterdir())):
-        raise UsageError(f"{flag} {p} already exists and is not empty: pass a new directory or "
-                         "delete it first")
+    try:
+        if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            raise UsageError(f"{flag} {p} already exists and is not empty: pass a new directory "
+                             "or delete it first")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        _temp_of(p).mkdir()
+        _temp_of(p).rmdir()
+    except OSError as e:
+        raise unwritable(p, e, flag) from None
     return p
+
+
+def unwritable(out: Path, e: OSError, flag: str = "--out") -> UsageError:
+    """One line: the output place and why it cannot hold the output."""
+    return UsageError(f"{flag} {out}: cannot write there ({e.strerror or e}"
+                      f"{f': {e.filename}' if e.filename else ''}): pass a directory you can "
+                      "create")
+
+
+def _temp_of(out: Path) -> Path:
+    return out.parent / f".{out.name}.tmp-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale(out: Path) -> list[Path]:
+    """Remove the temporary directories exports to `out` left when killed (their process is
+    gone); returns them."""
+    gone = []
+    prefix = f".{out.name}.tmp-"
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return gone
+    for p in entries:
+        pid = p.name[len(prefix):]
+        if p.name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() \
+                and not _alive(int(pid)) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p)
+    return gone
 
 
 @contextmanager
 def atomic_dir(out: Path) -> Iterator[Path]:
     """Write into a temporary sibling of `out`; rename it into place only when all went well."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = _temp_of(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise unwritable(out, e) from None
     try:
         yield tmp
     except BaseException:

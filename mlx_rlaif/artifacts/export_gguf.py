@@ -9,6 +9,12 @@ end-of-sequence tokens and the run's system prompt. The name (`--name`, else the
 path part with other characters as '-') is checked before anything loads: it is a file name
 inside `out`, never a path (modelfile.check_name).
 
+The model's own files are checked before anything loads, each fault one line naming the file and
+field (`check_model_files`): special token ids in config.json and generation_config.json (an
+integer in the vocabulary, or a list of them), added tokens in tokenizer.json that gguf would
+number past the vocabulary (one renamed in `added_tokens` but not in `model.vocab`), and text
+that is not UTF-8 (a lone surrogate) in the tokenizer's JSON files.
+
 Not covered: what gguf.py and modelfile.py list; several types in one call (run it per type).
 """
 
@@ -45,6 +51,76 @@ def tokenizer_dir(base: str) -> Path:
         raise UsageError(f"{base} has no tokenizer.json: GGUF export needs the fast "
                          "(tokenizer.json) form of its tokenizer")
     return path
+
+
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def read_json(path: Path) -> Any:
+    """A model file's JSON; one line naming the file when it is not JSON or holds text that is
+    not UTF-8 (a lone surrogate escaped as \\ud800)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeError as e:
+        raise UsageError(f"{path}: holds text that is not UTF-8 ({e.reason}): fix the file") \
+            from None
+    except ValueError as e:
+        raise UsageError(f"{path}: not valid JSON ({e}): fix the file") from None
+    return data
+
+
+def _is_id(v: Any, n_vocab: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n_vocab
+
+
+def check_special_ids(path: Path, cfg: Any, n_vocab: int) -> None:
+    """Token ids in `cfg` (config.json, generation_config.json): None, an id in the vocabulary
+    or a non-empty list of them."""
+    if not isinstance(cfg, dict):
+        raise UsageError(f"{path}: not a JSON object: fix the file")
+    for key in SPECIAL_IDS:
+        v = cfg.get(key)
+        if v is None or _is_id(v, n_vocab) or (
+                isinstance(v, list) and v and all(_is_id(x, n_vocab) for x in v)):
+            continue
+        raise UsageError(f"{path}: {key} {v!r}: must be a token id (an integer from 0 to "
+                         f"{n_vocab - 1}) or a list of them: fix the file")
+
+
+def check_added_tokens(path: Path, tok: Any) -> None:
+    """tokenizer.json's added tokens that are not in `model.vocab` must take the ids right after
+    it, in order (gguf numbers them so): a token renamed in `added_tokens` alone is named."""
+    vocab = ((tok.get("model") or {}).get("vocab") if isinstance(tok, dict) else None)
+    added = tok.get("added_tokens") if isinstance(tok, dict) else None
+    if not isinstance(vocab, dict) or not isinstance(added, list):
+        return
+    extra = sorted((t.get("id"), t.get("content")) for t in added
+                   if isinstance(t, dict) and t.get("content") not in vocab)
+    for want, (got, content) in enumerate(extra, len(vocab)):
+        if got != want:
+            raise UsageError(f"{path}: added_tokens: {content!r} (id {got}) is not in "
+                             f"model.vocab, so its id must be {want} (the vocabulary has "
+                             f"{len(vocab)} tokens): an added token renamed here but not in "
+                             "model.vocab? fix the file")
+
+
+def check_model_files(tok_dir: Path) -> dict[str, Any]:
+    """The base's config.json (returned), generation_config.json, tokenizer.json and
+    tokenizer_config.json, checked as GGUF export reads them."""
+    cfg = read_json(tok_dir / "config.json")
+    n_vocab = cfg.get("vocab_size") if isinstance(cfg, dict) else None
+    if not _is_id(n_vocab, 1 << 31) or not n_vocab:
+        raise UsageError(f"{tok_dir / 'config.json'}: vocab_size {n_vocab!r}: must be a "
+                         "positive integer: fix the file")
+    check_special_ids(tok_dir / "config.json", cfg, n_vocab)
+    if (tok_dir / "generation_config.json").is_file():
+        check_special_ids(tok_dir / "generation_config.json",
+                          read_json(tok_dir / "generation_config.json"), n_vocab)
+    check_added_tokens(tok_dir / "tokenizer.json", read_json(tok_dir / "tokenizer.json"))
+    if (tok_dir / "tokenizer_config.json").is_file():
+        read_json(tok_dir / "tokenizer_config.json")
+    return cfg
 
 
 def float_weights(fused: Any) -> dict[str, Any]:
@@ -96,7 +172,7 @@ def export(adapter_dir: Path, base: str, out: Path, type_name: str, name: str | 
     name = modelfile.check_name(name) if name is not None else modelfile.default_name(base)
     gguf.require()
     tok_dir = tokenizer_dir(base)
-    base_cfg = json.loads((tok_dir / "config.json").read_text())
+    base_cfg = check_model_files(tok_dir)
     gguf.arch_of(base_cfg)
     gguf.pre_tokenizer(json.loads((tok_dir / "tokenizer.json").read_text()))
     model, tokenizer, config = fuse.load_with_adapters(base, adapter_dir)

@@ -5,7 +5,9 @@ The card (README.md, beside the exported files) says what a reader needs to trus
 base model, the recipe (algorithm, reward, teacher, LoRA, steps), the training and held-out data's
 names and the held-out pass@1 before and after training, read from the run directory the
 checkpoint belongs to (`config.yaml` of the checkpoint, the run's `eval.json`). A figure the run
-did not record is left out, never guessed.
+did not record is left out, never guessed. Every value from a path or a config (the base, the
+recipe, the data files, the file names) is written as a code span on one line: a newline in it
+shows as `\\n`, so a hostile path adds no heading, front matter or link.
 
 The upload is `huggingface_hub`'s `create_repo` + `upload_folder`. The token comes from the
 environment (HF_TOKEN or HUGGINGFACE_TOKEN, else huggingface_hub's own login) and is never
@@ -18,11 +20,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import RlaifError, UsageError
+from ..terminal import visible
 
 CARD = "README.md"
 
@@ -73,6 +77,15 @@ RECIPE = (
 )
 
 
+def code(value: object) -> str:
+    """`value` as a markdown code span on one line: control characters (newlines) escaped, fenced
+    by more backticks than it holds."""
+    text = visible(value, lines=False)
+    fence = "`" * (1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+    pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def model_card(kind: str, base: str, cfg: Mapping[str, Any], evals: Mapping[str, Any],
                files: list[str]) -> str:
     """README.md for an exported model: front matter (base_model, tags), then what it is."""
@@ -83,21 +96,21 @@ def model_card(kind: str, base: str, cfg: Mapping[str, Any], evals: Mapping[str,
     lines += [f"- {kind}", "---", "",
               f"# {kind.upper() if kind == 'gguf' else kind.title()} export of a model "
               "fine-tuned with mlx-rlaif", "",
-              f"Base model: `{base}`. LoRA adapters trained with RL from AI feedback "
+              f"Base model: {code(base)}. LoRA adapters trained with RL from AI feedback "
               "(mlx-rlaif), " + ("fused into the base." if kind != "peft" else "in PEFT format."),
               ""]
     recipe = [(label, v) for label, key in RECIPE if (v := _get(cfg, key)) not in (None, "")]
     if recipe:
-        lines += ["## Recipe", "", *[f"- {label}: `{v}`" for label, v in recipe], ""]
+        lines += ["## Recipe", "", *[f"- {label}: {code(v)}" for label, v in recipe], ""]
     if data:
-        lines += ["## Data", "", *[f"- `{d}`" for d in data], ""]
+        lines += ["## Data", "", *[f"- {code(d)}" for d in data], ""]
     rows = [(w, evals[w]) for w in ("before", "after") if isinstance(evals.get(w), Mapping)]
     if rows:
         lines += ["## Held-out pass@1", "", "| | pass@1 | tasks |", "|---|---|---|"]
         lines += [f"| {w} training | {r.get('pass@1', float('nan')):.3f} | {r.get('tasks', '')} |"
                   for w, r in rows]
         lines.append("")
-    lines += ["## Files", "", *[f"- `{f}`" for f in sorted(files)], ""]
+    lines += ["## Files", "", *[f"- {code(f)}" for f in sorted(files)], ""]
     return "\n".join(lines)
 
 

@@ -47,6 +47,14 @@ def check(args: argparse.Namespace) -> None:
     check_push(args)
 
 
+def ollama_hint(out: object) -> str:
+    """The command that loads the export into Ollama, the path shell-quoted (copied and pasted
+    as it is printed)."""
+    import shlex
+
+    return f"ollama create NAME -f {shlex.quote(f'{out}/Modelfile')} && ollama run NAME"
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -71,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(text("exported", style="green"), text(
         f"{adapter_dir} fused into {base} -> {info.path} ({info.type}, {info.arch}, "
         f"{info.tensors} tensors, {info.path.stat().st_size / 2**20:.1f} MiB) + Modelfile"))
-    say(f"  ollama create NAME -f {out}/Modelfile && ollama run NAME")
+    say(f"  {ollama_hint(out)}")
     pushed = push_export(args, out, "gguf", base, adapter_dir, card=False)  # card: written
     if pushed:
         say(pushed)

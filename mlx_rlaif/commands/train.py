@@ -17,6 +17,7 @@ from ..artifacts import checkpoint
 from ..assets import QUICKSTART
 from ..config import Config, from_dict, load, to_dict, with_functions
 from ..errors import DiskFullError, UsageError
+from ..terminal import visible
 
 if TYPE_CHECKING:
     from ..train.distributed import World
@@ -79,7 +80,8 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path | None]:
     resume_from = None
     if args.resume is not None:
         run_dir = Path(args.resume or cfg.training.output_dir)
-        resume_from = checkpoint.newest_valid(run_dir, say=lambda s: print(s, file=sys.stderr))
+        resume_from = checkpoint.newest_valid(
+            run_dir, say=lambda s: print(visible(s, lines=False), file=sys.stderr))
         if resume_from is None:
             raise UsageError(f"--resume: no complete checkpoint in {run_dir}/checkpoints: "
                              "start a new run without --resume")
@@ -131,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             raise DiskFullError(disk_full(Path(cfg.training.output_dir), e)) from None
-        print(f"run directory: {run_dir}")
+        print(f"run directory: {visible(run_dir, lines=False)}")
     return 0
 
 

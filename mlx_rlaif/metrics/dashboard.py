@@ -32,11 +32,13 @@ from typing import Any, TextIO
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from ..terminal import text as plain_text
 from ..terminal import visible
 from .eta import short
 from .health import HealthReport
@@ -251,7 +253,7 @@ def hack_text(m: Mapping[str, Any]) -> str:
     counts = sorted(((k[5:], v) for k, v in m.items()
                      if k.startswith("hack/") and k != "hack/frac" and finite(v)),
                     key=lambda kv: (-kv[1], kv[0]))
-    top = ", ".join(f"{k} {v:.0f}" for k, v in counts[:4])
+    top = ", ".join(f"{escape(visible(k, lines=False))} {v:.0f}" for k, v in counts[:4])
     return f"{fmt(m.get('hack/frac'), '.0%')} of completions flagged" + (f": {top}" if top else "")
 
 
@@ -277,7 +279,7 @@ def eval_line(step: int, row: Mapping[str, Any]) -> str:
 def component_cell(m: Mapping[str, Any], name: str) -> str:
     """`format 0.62±0.31` with the None fraction, errors and timeouts where there are any."""
     key = f"reward/{name}/"
-    text = f"{name} {fmt(m.get(key + 'mean'), '.2f')}±{fmt(m.get(key + 'std'), '.2f')}"
+    text = f"{escape(visible(name, lines=False))} {fmt(m.get(key + 'mean'), '.2f')}±{fmt(m.get(key + 'std'), '.2f')}"
     for label, k, spec in (("none", "frac_none", ".0%"), ("err", "errors", ".0f"),
                            ("timeouts", "timeouts", ".0f")):
         if finite(m.get(key + k)):
@@ -311,8 +313,8 @@ def _metrics_table(s: DashboardState) -> RenderableType:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold blue", no_wrap=True)
     grid.add_column()
-    for label, value in _rows(s):
-        grid.add_row(label, value)
+    for label, value in _rows(s):  # our markup, read whatever options a print passes
+        grid.add_row(label, Text.from_markup(value, emoji=False))
     return grid
 
 
@@ -349,7 +351,7 @@ def render(s: DashboardState) -> RenderableType:
     if s.sample is not None:
         items.append(_completion(s.sample))
     if s.health is not None:
-        items.append(Text(s.health.line, style="green" if s.health.ok else "bold yellow"))
+        items.append(plain_text(s.health.line, style="green" if s.health.ok else "bold yellow"))
     ranks = finite(s.metrics.get("dist/world_size")) or 1
     title = "mlx-rlaif" + (f" (data parallel: {ranks:.0f} ranks)" if ranks > 1 else "")
     return Panel(Group(*items), title=title, title_align="left", border_style="blue")
@@ -410,20 +412,20 @@ class Dashboard:
     def health(self, report: HealthReport) -> None:
         with self._lock:
             self._state.health = report
-        self.console.print(visible(report.line), markup=False, highlight=False)
+        self.console.print(plain_text(report.line), highlight=False)
 
     def evaluation(self, step: int, row: Mapping[str, Any]) -> None:
         with self._lock:
             self._state.evals.append((step, dict(row)))
-        self.console.print(eval_line(step, row), markup=False, highlight=False)
+        self.console.print(plain_text(eval_line(step, row)), highlight=False)
 
-    def message(self, text: str) -> None:
-        self.console.print(visible(text), markup=False, highlight=False)
+    def message(self, text: str) -> None:  # one line: a path's newline shows as \n
+        self.console.print(plain_text(text), highlight=False)
 
     def close(self, summary: str) -> None:
         if self._live.is_started:
             self._live.stop()
-            self.console.print(visible(summary), markup=False, highlight=False)
+            self.console.print(plain_text(summary, lines=True), highlight=False)
 
 
 class PlainPrinter:
@@ -464,8 +466,8 @@ class PlainPrinter:
     def evaluation(self, step: int, row: Mapping[str, Any]) -> None:
         self._print(eval_line(step, row))
 
-    def message(self, text: str) -> None:
-        self._print(text)
+    def message(self, text: str) -> None:  # one line: a path's newline shows as \n
+        self._print(visible(text, lines=False))
 
     def close(self, summary: str) -> None:
         self._print(summary)

@@ -12,6 +12,7 @@ Not covered: deduplication of steps a resumed run did again; private-repo settin
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -177,21 +178,42 @@ def read_card_meta(folder: Path) -> dict:
 
 def export(run_dir: Path, out: Path) -> dict[str, int]:
     """Write a loadable dataset folder from a run: its `datasets/` files, or, when the run did
-    not collect them, the records in `samples.jsonl`. Returns records per split."""
+    not collect them, the records in `samples.jsonl`. Returns records per split. The folder is
+    written beside `out` and renamed into place (a new or empty `out`), or its files are each
+    replaced (a folder already holding files): an error leaves `out` as it was."""
+    from ..artifacts.atomic import atomic_dir, check_out_dir
+
     src = run_dir / "datasets"
-    out.mkdir(parents=True, exist_ok=True)
     if any((src / f"{s}.jsonl").is_file() for s in SPLITS):
-        meta = read_card_meta(src)
-        for s in SPLITS:
-            _copy_atomic(src / f"{s}.jsonl", out / f"{s}.jsonl")
-    elif (run_dir / "samples.jsonl").is_file():
-        meta = {}
-        _rows_from_samples(read_jsonl(run_dir / "samples.jsonl"), out)
-    else:
+        for s in SPLITS:  # a broken line is named in the run's file, before anything is written
+            read_jsonl(src / f"{s}.jsonl")
+    elif not (run_dir / "samples.jsonl").is_file():
         raise UsageError(
             f"{run_dir} has neither datasets/ nor samples.jsonl: pass a run "
             "directory (training.output_dir) of a run that logged samples"
         )
+    if not (out.is_dir() and any(out.iterdir())):
+        with atomic_dir(check_out_dir(out)) as tmp:
+            return _export_into(run_dir, tmp)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.tmp-") as t:
+        counts = _export_into(run_dir, Path(t))
+        for name in (*(f"{s}.jsonl" for s in SPLITS), "README.md"):
+            if (Path(t) / name).is_file():
+                os.replace(Path(t) / name, out / name)
+            else:
+                (out / name).unlink(missing_ok=True)
+    return counts
+
+
+def _export_into(run_dir: Path, out: Path) -> dict[str, int]:
+    src = run_dir / "datasets"
+    if any((src / f"{s}.jsonl").is_file() for s in SPLITS):
+        meta = read_card_meta(src)
+        for s in SPLITS:
+            _copy_atomic(src / f"{s}.jsonl", out / f"{s}.jsonl")
+    else:
+        meta = {}
+        _rows_from_samples(read_jsonl(run_dir / "samples.jsonl"), out)
     counts = write_card(out, meta)
     if not counts:
         raise UsageError(f"{run_dir}: the run collected no records, so there is nothing to export")

@@ -5,7 +5,9 @@ Covered: strict JSON out (NaN and infinities become null, so any JSON reader acc
 append on resume, reading that skips a torn last line left by a crash, its repair when a resumed
 run appends (`repair_tail`: the torn part is cut off, so the next record starts on a line of its
 own), de-duplication of steps a resumed run did again (the later record wins) and trimming a
-file back to a resumed step.
+file back to a resumed step. Lines are split on "\n" alone: U+2028, U+2029 and U+0085 (which
+`str.splitlines` also splits on, and JSON leaves raw) are written escaped (`\u2028`) and, raw in a
+file another tool wrote, stay inside their record.
 Not covered: rotation or compression.
 """
 
@@ -34,9 +36,24 @@ def clean(value: Any) -> Any:
     return value
 
 
+# characters JSON leaves raw that line readers (str.splitlines, some editors) take as line ends
+_SEPARATORS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
 def dumps(record: Mapping[str, Any]) -> str:
-    """One JSON line (no newline), strict, keys in insertion order."""
-    return json.dumps(clean(record), ensure_ascii=False, allow_nan=False, default=str)
+    """One JSON line (no newline), strict, keys in insertion order; U+0085, U+2028 and U+2029
+    escaped, so no reader splits the line."""
+    text = json.dumps(clean(record), ensure_ascii=False, allow_nan=False, default=str)
+    return text.translate(_SEPARATORS)
+
+
+def lines_of(text: str) -> list[str]:
+    """`text`'s lines, split on "\\n" alone (not on U+2028 and the others str.splitlines takes);
+    a "\\r" before it is dropped."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
 
 
 class JsonlWriter:
@@ -124,7 +141,7 @@ def read_jsonl(path: Path) -> list[dict]:
     elsewhere is an error naming file:line."""
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = lines_of(path.read_text(encoding="utf-8"))
     out: list[dict] = []
     for i, line in enumerate(lines, 1):
         if not line.strip():

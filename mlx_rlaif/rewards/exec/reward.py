@@ -423,7 +423,7 @@ class ExecReward:
                 student.stop()
             student_error = _sandbox_error(student)
             verdicts.seek(0)
-            lines = verdicts.read().decode(errors="replace").splitlines()
+            lines = verdicts.read().decode(errors="replace").split("\n")  # not at U+2028
             found.extend(watch.signals(answered_units(lines)))
         results = unit_results(list(units) or ["check(candidate)"], lines, checked)
         if student_error is not None and any(r["reason"] == "crash" for r in results):
