@@ -273,3 +273,25 @@ def test_the_ollama_hint_is_shell_quoted() -> None:
 
     hint = ollama_hint(Path("my out;rm -rf ~"))
     assert hint == "ollama create NAME -f 'my out;rm -rf ~/Modelfile' && ollama run NAME"
+
+
+def test_export_dataset_into_a_folder_with_files_replaces_them_or_nothing(tmp_path: Path) -> None:
+    """A folder already holding files: an error leaves every file as it was; a good export
+    replaces the split files and the card, and keeps the user's own files."""
+    from mlx_rlaif.metrics import dataset
+
+    run, out = tmp_path / "run", tmp_path / "ds"
+    (run / "datasets").mkdir(parents=True)
+    out.mkdir()
+    (out / "train.jsonl").write_text('{"old": 1}\n')
+    (out / "notes.txt").write_text("mine")
+    (run / "datasets" / "train.jsonl").write_text('{"prompt": "a"}\nnot json\n{}\n')
+    with pytest.raises(UsageError, match="train.jsonl:2"):
+        dataset.export(run, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "run"]
+    assert (out / "train.jsonl").read_text() == '{"old": 1}\n'
+    (run / "datasets" / "train.jsonl").write_text('{"prompt": "a"}\n')
+    assert dataset.export(run, out) == {"train": 1}
+    assert (out / "train.jsonl").read_text() == '{"prompt": "a"}\n'
+    assert (out / "notes.txt").read_text() == "mine" and (out / "README.md").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "run"]
