@@ -19,7 +19,9 @@ through rich goes in as `text()`, a `rich.text.Text` of the visible string: rich
 rich's MarkupError. Files (JSONL, datasets) keep the raw text: `json_visible()` escapes them the
 JSON way, so a line decodes to the same value.
 
-Not covered: what a terminal does with printable text (very long lines, homoglyphs).
+Not covered: what a terminal does with printable text (very long lines, homoglyphs); format
+characters added after Unicode 15 (the list is fixed here, checked against this Python's
+unicodedata by tests/test_hostile_outputs.py).
 """
 
 from __future__ import annotations
