@@ -306,3 +306,64 @@ def test_a_read_only_path_under_tmp_is_not_hidden_by_the_private_tmp(tmp_path: P
                               f"{tmp_path}/data.txt"], Limits())
     assert r.stdout == b"visible\n", r.stderr
     assert (tmp_path / "data.txt").read_text() == "visible\n"  # read-only
+
+
+# --- hostile: what the recorder writes and what the repository holds (red team 3) ----------------
+
+FORGE = """
+import atexit, sys
+def _forge():
+    fs = sys.modules["sitecustomize"].functions
+    base = {"calls": [{"args": "(3,)", "kwargs": "{}", "returns": "3"},
+                      {"args": "('q',)", "kwargs": "{}", "returns": "'q'"}],
+            "seen": 2, "dropped": {}, "line": 1, "root": REPO}
+    fs[("/x1", "leak")] = dict(base, file="../secret.py", name="leak", module="secret",
+                              root=REPO + "/..", tests=[])
+    fs[("/x2", "leak")] = dict(base, file="pkg/evil.py", name="leak", module="pkg.evil",
+                              tests=[])
+    for k, v in list(fs.items()):
+        if v["name"] == "double":
+            v["tests"].append(["os", "/", "getcwd", "tests/test_core.py"])
+atexit.register(_forge)
+"""
+
+
+def hostile_repo(tmp_path: Path) -> Path:
+    import os
+
+    repo = tmp_path / "hostile"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "pyproject.toml").write_text("[project]\nname = 'pkg'\n")
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "core.py").write_text(
+        "def double(x):\n    return x * 2\n\n\ndef same(x):\n    return x\n")
+    (repo / "tests" / "test_core.py").write_text(
+        "from pkg.core import double, same\n\n\ndef test_double():\n    assert double(2) == 4\n"
+        "    assert double(3) == 6\n    assert double('a') == 'aa'\n\n\n"
+        "def test_same():\n    assert same(3) == 3\n    assert same('q') == 'q'\n")
+    (repo / "conftest.py").write_text(f"REPO = {str(repo)!r}\n" + FORGE)
+    secret = "def leak(x):\n    return x  # SECRET-MARKER-59\n"
+    (tmp_path / "secret.py").write_text(secret)  # outside the repository
+    (tmp_path / "secret.py").chmod(0o600)
+    os.symlink(tmp_path / "secret.py", repo / "pkg" / "evil.py")
+    os.mkfifo(repo / "pkg" / "fifo.py")
+    os.symlink("/dev/zero", repo / "pkg" / "zero.py")
+    return repo
+
+
+@needs_bwrap
+def test_forged_records_fifos_and_devices_never_reach_the_task_file(tmp_path: Path):
+    repo = hostile_repo(tmp_path)
+    out = tmp_path / "t.jsonl"
+    r = cli("data", "from-repo", str(repo), "--out", str(out), "--max-mutants", "3",
+            "--min-mutation-score", "0", *UIDS, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tasks = out.read_text()
+    assert "SECRET-MARKER-59" not in tasks and "getcwd" not in tasks
+    names = {t["entry_point"] for t in lines(out)}
+    assert names <= {"double", "same"} and "double" in names
+    for t in lines(out):
+        assert all(x["name"].startswith("test_") for x in t["repo_tests"])
+    dropped = json.loads((tmp_path / "t.summary.json").read_text())["dropped"]
+    assert sum(n for k, n in dropped.items() if "outside the repository" in k) == 2, dropped

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .checked import Unreadable, read_source
 from .gate import distribution, gate
 from .record import RepoError, python_files, record
 from .recorder import is_test_file
@@ -72,15 +73,19 @@ def build(opts: Options, score: Callable, say: Callable[[str], None] = print) ->
         f"{rec.seconds:.1f} s")
     commit = git_commit(repo)
     prefix = opts.id_prefix or f"{repo.name}:"
-    drops: Counter = Counter()
+    drops: Counter = Counter(rec.rejected)
     records = []
     for f in called:
         try:
-            source = (repo / f["file"]).read_text(encoding="utf-8")
+            source = read_source(repo, f["file"])
+        except Unreadable as e:
+            drops[f"source not read: {e}"] += 1
+            continue
+        try:
             records.append(make_task(f, repo, source, commit=commit, sys_path=rec.sys_path,
                                      context_lines=opts.context_lines,
                                      max_tests=opts.max_tests, id_prefix=prefix))
-        except (LookupError, OSError, SyntaxError, UnicodeDecodeError):
+        except (LookupError, SyntaxError, ValueError):
             drops["source not found as a top-level def"] += 1
         except KeyError:
             drops["no import root recorded"] += 1

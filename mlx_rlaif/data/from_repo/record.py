@@ -22,6 +22,7 @@ import json
 import os
 import shlex
 import subprocess
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,8 @@ from pathlib import Path
 from ...errors import UsageError
 from ...sandbox import Limits, Sandbox
 from ...terminal import visible
+from .checked import Unreadable, checked_record, read_bytes
+from .recorder import is_test_file
 
 RECORDER = Path(__file__).with_name("recorder.py")
 MAX_RECORD = 64 << 20  # bytes of one process's record read
@@ -45,6 +48,7 @@ class Recording:
     seconds: float
     output_tail: str
     sys_path: list[str] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)  # records dropped, by reason
 
 
 def python_files(repo: Path) -> list[Path]:
@@ -122,23 +126,55 @@ def record(repo: Path, command: str, python: str, timeout_s: float, max_calls: i
             last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "no output")
             raise RepoError(f"the repository's tests fail before any change ({r.describe()}): "
                             f"{last.strip()[:200]}")
-        records = [p for p in box.host.glob("record-*.json") if p.stat().st_size < MAX_RECORD]
-        loaded = [json.loads(p.read_text()) for p in sorted(records)]
-    functions, skipped = merge(loaded)
+        loaded, rejected = load_records(sorted(box.host.glob("record-*.json")))
+    functions, skipped, bad = merge(loaded, repo)
+    rejected.update(bad)
     if not any(f["calls"] for f in functions):
         raise RepoError("no function of the repository has recorded calls: the tests call no "
                         "module-level function with plain-data arguments and results")
-    return Recording(functions, skipped, r.duration_s, tail, paths)
+    return Recording(functions, skipped, r.duration_s, tail, paths, dict(rejected))
 
 
-def merge(records: list[dict]) -> tuple[list[dict], dict[str, int]]:
-    """One record per function over all processes (calls deduplicated, tests united)."""
+def load_records(paths: list[Path]) -> tuple[list[dict], Counter]:
+    """The record files the test processes wrote into the box (hostile: each a regular file of
+    at most MAX_RECORD bytes holding a JSON object, else counted and left out)."""
+    loaded, rejected = [], Counter()
+    for p in paths:
+        try:
+            rec = json.loads(read_bytes(str(p), MAX_RECORD))
+        except Unreadable as e:
+            rejected[f"recorder output: {e}"] += 1
+            continue
+        except (ValueError, RecursionError):
+            rec = None
+        if isinstance(rec, dict):
+            loaded.append(rec)
+        else:
+            rejected["recorder output: a record file that is not a JSON object"] += 1
+    return loaded, rejected
+
+
+def merge(records: list[dict], repo: Path) -> tuple[list[dict], dict[str, int], Counter]:
+    """One record per function over all processes (calls deduplicated, tests united); every
+    record checked first (checked.py): (functions, skipped by the recorder, records dropped
+    with their reason)."""
+    root = str(repo.resolve()) + "/"
+    is_test = lambda path: is_test_file(path, root)  # noqa: E731
     by: dict[tuple[str, str], dict] = {}
     skipped: dict[str, int] = {}
+    rejected: Counter = Counter()
     for rec in records:
-        for k, n in (rec.get("skipped") or {}).items():
-            skipped[k] = skipped.get(k, 0) + int(n)
-        for f in rec.get("functions") or []:
+        counts = rec.get("skipped")
+        for k, n in (counts.items() if isinstance(counts, dict) else ()):
+            if type(n) is int and n >= 0:
+                skipped[str(k)] = skipped.get(str(k), 0) + n
+        functions = rec.get("functions")
+        for raw in functions if isinstance(functions, list) else ():
+            try:
+                f = checked_record(raw, repo, is_test)
+            except Unreadable as e:
+                rejected[f"recorder output: {e}"] += 1
+                continue
             key = (str(f["file"]), str(f["name"]))
             have = by.setdefault(key, {**f, "calls": [], "tests": [], "dropped": {}, "seen": 0})
             have["seen"] += int(f.get("seen", 0))
@@ -150,4 +186,4 @@ def merge(records: list[dict]) -> tuple[list[dict], dict[str, int]]:
                     have["tests"].append(t)
             for k, n in (f.get("dropped") or {}).items():
                 have["dropped"][k] = have["dropped"].get(k, 0) + int(n)
-    return sorted(by.values(), key=lambda f: (f["file"], f["line"])), skipped
+    return sorted(by.values(), key=lambda f: (f["file"], f["line"])), skipped, rejected

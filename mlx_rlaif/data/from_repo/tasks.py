@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...rewards.exec.repo import check_source, find_def
+from .checked import Unreadable, inside, read_bytes, read_source
 
 
 def defined_functions(repo: Path, files: Sequence[Path], is_test) -> tuple[int, int]:
@@ -33,8 +34,8 @@ def defined_functions(repo: Path, files: Sequence[Path], is_test) -> tuple[int, 
         if is_test(str(f.resolve())):
             continue
         try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, ValueError, UnicodeDecodeError, OSError):
+            tree = ast.parse(read_source(repo, str(f)))
+        except (SyntaxError, ValueError, Unreadable, RecursionError, MemoryError):
             continue
         tops = {id(n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         for n in ast.walk(tree):
@@ -47,19 +48,22 @@ def defined_functions(repo: Path, files: Sequence[Path], is_test) -> tuple[int, 
 def git_commit(repo: Path) -> str | None:
     """HEAD's commit read from .git's files (no git process: a repository's config can make
     git run commands)."""
-    git = repo / ".git"
+    def text(path: str) -> str:  # inside the repository, a regular file, bounded
+        return read_bytes(inside(repo, path)).decode("utf-8", "replace")
+
     try:
-        head = (git / "HEAD").read_text().strip()
+        head = text(".git/HEAD").strip()
         if not head.startswith("ref: "):
             return head or None
         ref = head[5:]
-        loose = git / ref
-        if loose.is_file():
-            return loose.read_text().strip() or None
-        for line in (git / "packed-refs").read_text().splitlines():
+        try:
+            return text(f".git/{ref}").strip() or None
+        except Unreadable:
+            pass
+        for line in text(".git/packed-refs").splitlines():
             if line.endswith(" " + ref):
                 return line.split()[0]
-    except OSError:
+    except Unreadable:
         return None
     return None
 
