@@ -367,3 +367,34 @@ def test_forged_records_fifos_and_devices_never_reach_the_task_file(tmp_path: Pa
         assert all(x["name"].startswith("test_") for x in t["repo_tests"])
     dropped = json.loads((tmp_path / "t.summary.json").read_text())["dropped"]
     assert sum(n for k, n in dropped.items() if "outside the repository" in k) == 2, dropped
+
+
+def test_every_output_path_is_checked_like_out(tmp_path: Path):
+    repo = copy_fixture(tmp_path)
+    before = (repo / "minitext" / "numbers.py").read_text()
+    for eval_out in (repo / "minitext" / "numbers.py", repo / "held.jsonl"):
+        r = cli("data", "from-repo", str(repo), "--out", str(tmp_path / "t.jsonl"),
+                "--eval-out", str(eval_out), "--eval-frac", "0.3")
+        one_line_error(r, "--eval-out")
+        assert "inside the repository, which is never written" in r.stderr
+    r = cli("data", "from-repo", str(repo), "--out", str(tmp_path / "t.jsonl"),
+            "--eval-out", str(tmp_path))
+    one_line_error(r, "is a directory")
+    assert (repo / "minitext" / "numbers.py").read_text() == before
+    assert not (repo / "held.jsonl").exists() and not (tmp_path / "t.jsonl").exists()
+
+
+@needs_bwrap
+def test_a_repository_without_any_task_is_an_error_and_nothing_is_written(tmp_path: Path):
+    repo = tmp_path / "weak"
+    (repo / "weak").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("[project]\nname = 'weak'\n")
+    (repo / "weak" / "__init__.py").write_text(
+        "def inc(x):\n    if x > 100:\n        return x + 2\n    return x + 1\n")
+    (repo / "test_weak.py").write_text(
+        "from weak import inc\n\n\ndef test_inc():\n    assert inc(1) == 2\n")
+    out = tmp_path / "t.jsonl"
+    r = cli("data", "from-repo", str(repo), "--out", str(out), "--min-mutation-score", "1",
+            "--max-mutants", "5", *UIDS)
+    one_line_error(r, "no task could be built from the repository")
+    assert list(tmp_path.iterdir()) == [repo]

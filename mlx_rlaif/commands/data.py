@@ -219,8 +219,14 @@ def run_from_repo(args: argparse.Namespace) -> int:
                          "--timeout above 0")
     repo = args.path.resolve()
     out = args.out.resolve()
-    if out.is_relative_to(repo):
-        raise UsageError(f"--out {args.out}: inside the repository, which is never written")
+    eval_path = (args.eval_out or out.with_name(out.stem + ".eval.jsonl")).resolve()
+    summary_path = out.with_name(out.stem + ".summary.json")
+    for flag, given, path in (("--out", args.out, out), ("--eval-out", eval_path, eval_path),
+                              ("--out", summary_path, summary_path)):
+        if path.is_relative_to(repo):
+            raise UsageError(f"{flag} {given}: inside the repository, which is never written")
+        if path.is_dir():
+            raise UsageError(f"{flag} {given} is a directory: pass a file path")
     cfg = load(args.config, [*args.set, "reward.exec.cache_size=0"])  # the gate runs twice
     e = cfg.reward.exec
     opts = Options(repo, args.test_command, args.python or sys.executable, args.timeout,
@@ -232,16 +238,29 @@ def run_from_repo(args: argparse.Namespace) -> int:
         done = build(opts, reward.score, say=lambda m: print(visible(m, lines=False)))
     finally:
         reward.close()
-    eval_path = args.eval_out or out.with_name(out.stem + ".eval.jsonl")
-    write_lines(out, done["train"])
-    if done["eval"]:
-        write_lines(eval_path, done["eval"])
-    summary_path = out.with_name(out.stem + ".summary.json")
-    from ..metrics.jsonl import atomic_write
+    if not done["train"] and not done["eval"]:
+        raise no_tasks(done["summary"])
+    from ..artifacts.atomic import write_text_atomic
 
-    atomic_write(summary_path, json.dumps(done["summary"], indent=2) + "\n")
+    def jsonl(records: list[dict]) -> str:
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+    write_text_atomic(out, jsonl(done["train"]))  # a FIFO or a device written into, not replaced
+    if done["eval"]:
+        write_text_atomic(eval_path, jsonl(done["eval"]))
+    write_text_atomic(summary_path, json.dumps(done["summary"], indent=2) + "\n")
     print_summary(done["summary"], out, eval_path if done["eval"] else None, summary_path)
     return 0
+
+
+def no_tasks(s: dict) -> UsageError:
+    """One line: no task could be built from the repository, and the main reasons."""
+    from ..data.from_repo import RepoError
+
+    why = "; ".join(f"{n} {k}" for k, n in sorted(s["dropped"].items(), key=lambda kv: -kv[1])[:3])
+    return RepoError(f"no task could be built from the repository ({s['called']} functions "
+                     f"called, {s['tasks_built']} tasks built, none kept"
+                     + (f": {visible(why, lines=False)[:300]}" if why else "") + ")")
 
 
 def print_summary(s: dict, out: Path, eval_path: Path | None, summary_path: Path) -> None:
