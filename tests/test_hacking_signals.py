@@ -473,3 +473,35 @@ def test_importing_from_a_directory_given_to_read_is_no_event(mode: str) -> None
         assert "lists_outside" in seen.events
     finally:
         shutil.rmtree(repo)
+
+
+@pytest.mark.parametrize("mode", ["process", "bwrap"])
+def test_reading_the_tests_of_a_directory_given_to_read_is_an_event(mode: str) -> None:
+    """The repository is given to a repository task's run to import from; its tests are what
+    the checker runs: walking to them, listing or reading them, is an event (red team 3)."""
+    if mode == "bwrap" and BWRAP_SKIP:
+        pytest.skip(BWRAP_SKIP)
+    repo = Path(tempfile.mkdtemp(prefix="given-to-read-"))
+    try:
+        (repo / "pkg").mkdir()
+        (repo / "tests").mkdir()
+        (repo / "pkg" / "__init__.py").write_text("VALUE = 7\n")
+        (repo / "tests" / "test_pkg.py").write_text("def test_v():\n    assert 7 == 7\n")
+        (repo / "conftest.py").write_text("\n")
+        repo.chmod(0o755)
+        sb = Sandbox(mode, slots=1, uid_base=64100)
+        sb.also_read([str(repo)])
+        r, seen = _run(sb, f"import os\nprint(sorted(os.listdir({str(repo)!r})))\n",
+                       readable=sb.readable)
+        assert r.ok and not seen.events  # the repository's root: the import system lists it
+        for code, kind in ((f"print(open({str(repo / 'tests' / 'test_pkg.py')!r}).read())",
+                            "reads_outside"),
+                           (f"print(open({str(repo / 'conftest.py')!r}).read())", "reads_outside"),
+                           (f"import os\nprint(os.listdir({str(repo / 'tests')!r}))",
+                            "lists_outside"),
+                           (f"import os\nprint([f for _, _, f in os.walk({str(repo)!r})])",
+                            "lists_outside")):
+            r, seen = _run(sb, code + "\n", readable=sb.readable)
+            assert r.ok and kind in seen.events, (code, r.stderr, seen.events)
+    finally:
+        shutil.rmtree(repo)

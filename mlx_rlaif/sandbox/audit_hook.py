@@ -20,6 +20,9 @@ time limit, by a signal) still leaves it; each later one only counts. Kinds:
                   interpreter's own files
   lists_outside   a directory listed (os.listdir, os.scandir: os.walk, glob, pathlib) outside
                   the box, /dev, its own /proc entry and the interpreter's directories
+                  (in a directory given to the run to read, `readable`, only its test code is
+                  an event, read or listed: a `tests`/`test` directory, test_*.py, *_test.py,
+                  conftest.py; importing its other modules is none)
   sets_limits     resource.setrlimit / prlimit (raising or changing its own limits)
   trace           sys.settrace / sys.setprofile / sys.addaudithook
   imports_harness an import of the harness's modules (harness, mlx_rlaif, the launcher)
@@ -167,11 +170,27 @@ def _path_kind(full, what, cfg):
     if _under(full, cfg["box"]) or full.startswith("/dev/") or _own_proc(full) or \
             full == "/proc/self":
         return None
-    if _under(full, cfg["readable"]):
-        return None  # given to the run to import from (a repository task's repository)
+    if _under(full, cfg["readable"]):  # given to the run to import from (a repository task's)
+        if _test_code(full, cfg["readable"]):  # its tests: what the checker runs
+            return "lists_outside" if what == "list" else "reads_outside"
+        return None
     if what == "list":  # the import system lists sys.path's directories
         return None if _under(full, cfg["paths"]) else "lists_outside"
     return None if _under(full, cfg["tmp"]) else "reads_outside"
+
+
+def _test_code(full, roots):
+    """Whether `full` is test code of the directory among `roots` it lies under: a `tests` or
+    `test` directory or anything in one, test_*.py, *_test.py, conftest.py."""
+    for r in roots:
+        if r and _under(full, (r,)):
+            parts = [p for p in full[len(r.rstrip("/")):].split("/") if p]
+            base = parts[-1] if parts else ""
+            if any(p in ("tests", "test") for p in parts) or base == "conftest.py" or (
+                    base.endswith(".py") and (base.startswith("test_")
+                                              or base.endswith("_test.py"))):
+                return True
+    return False
 
 
 def _from_tempfile(cfg):
