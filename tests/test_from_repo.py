@@ -439,3 +439,38 @@ def test_a_repository_without_any_task_is_an_error_and_nothing_is_written(tmp_pa
             "--max-mutants", "5", *UIDS)
     one_line_error(r, "no task could be built from the repository")
     assert list(tmp_path.iterdir()) == [repo]
+
+
+def test_form_feeds_do_not_shift_the_lines_of_a_definition():
+    src = "def f(x):\n    y = x + 1\n    \x0c\n    return y\n\n\ndef g(x):\n    return x\n"
+    assert definition(src, "g")[1] == "def g(x):\n    return x\n"
+    assert definition(src, "f")[1] == "def f(x):\n    y = x + 1\n    \x0c\n    return y\n"
+    assert splice(src, "g", "def g(x):\n    return 2\n").endswith(
+        "\n\n\ndef g(x):\n    return 2\n")
+    node, _ = definition(src, "f")
+    assert stub(src, node)[0][:2] == ["def f(x):", "    ..."]
+
+
+@needs_bwrap
+def test_sources_with_a_coding_cookie_a_bom_or_a_form_feed_become_tasks(tmp_path: Path):
+    repo = tmp_path / "enc"
+    (repo / "enc").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("[project]\nname = 'enc'\n")
+    (repo / "enc" / "__init__.py").write_text("")
+    (repo / "enc" / "latin.py").write_bytes(
+        "# -*- coding: latin-1 -*-\n\"\"\"caf\u00e9\"\"\"\n\n\ndef shout(s):\n"
+        "    return s.upper() + '!'\n".encode("latin-1"))
+    (repo / "enc" / "bom.py").write_bytes(
+        b"\xef\xbb\xbfdef twice(s):\n    return s + s\n")
+    (repo / "enc" / "ff.py").write_text(
+        "def third(x):\n    y = x * 3\n    \x0c\n    return y\n")
+    (repo / "test_enc.py").write_text(
+        "from enc.latin import shout\nfrom enc.bom import twice\nfrom enc.ff import third\n\n\n"
+        "def test_all():\n    assert shout('a') == 'A!' and shout('b') == 'B!'\n"
+        "    assert twice('a') == 'aa' and twice('xy') == 'xyxy'\n"
+        "    assert third(2) == 6 and third(5) == 15\n")
+    out = tmp_path / "t.jsonl"
+    r = cli("data", "from-repo", str(repo), "--out", str(out), "--min-mutation-score", "0",
+            "--max-mutants", "3", *UIDS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {t["entry_point"] for t in lines(out)} == {"shout", "twice", "third"}, r.stdout

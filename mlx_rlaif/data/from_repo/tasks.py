@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...rewards.exec.repo import check_source, find_def
+from ...rewards.exec.repo import check_source, find_def, source_lines
 from .checked import Unreadable, inside, read_bytes, read_source
 
 
@@ -72,13 +72,13 @@ def definition(source: str, name: str) -> tuple[ast.FunctionDef | ast.AsyncFunct
     node = find_def(ast.parse(source), name)
     if node is None:
         raise LookupError(f"{name} is not a top-level function of its module")
-    lines = source.splitlines()
+    lines = source_lines(source)
     return node, "\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n"
 
 
 def stub(source: str, node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], int]:
     """The module's lines with the function's body removed, and the function's first line."""
-    lines = source.splitlines()
+    lines = source_lines(source)
     body = node.body
     has_doc = ast.get_docstring(node, clean=False) is not None
     first = body[1] if has_doc and len(body) > 1 else (None if has_doc else body[0])

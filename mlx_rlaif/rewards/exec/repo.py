@@ -28,6 +28,7 @@ apart, and the mutation gate drops the task when that leaves it too weak.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,6 +54,13 @@ def find_def(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunction
                  and n.name == name), None)
 
 
+def source_lines(source: str) -> list[str]:
+    """`source`'s lines as Python numbers them (ast's lineno): split at \\n, \\r\\n and \\r only,
+    never at a form feed or another character `str.splitlines` also breaks at."""
+    lines = re.split(r"\r\n|\r|\n", source)
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def splice(module_source: str, name: str, code: str) -> str | None:
     """The module's source with its top-level function `name` (decorators kept) replaced by the
     definition of `name` in `code` (its own decorators dropped), the answer's top-level imports
@@ -68,11 +76,11 @@ def splice(module_source: str, name: str, code: str) -> str | None:
     original = find_def(ast.parse(module_source), name)
     if original is None:
         return None
-    lines = code.splitlines()
+    lines = source_lines(code)
     imports = [ast.get_source_segment(code, n) or "" for n in answer.body
                if isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "level", 0) == 0]
     body = "\n".join([*imports, *lines[new.lineno - 1:new.end_lineno]])
-    src = module_source.splitlines()
+    src = source_lines(module_source)
     return "\n".join([*src[:original.lineno - 1], body, *src[original.end_lineno:]]) + "\n"
 
 
