@@ -474,3 +474,16 @@ def test_sources_with_a_coding_cookie_a_bom_or_a_form_feed_become_tasks(tmp_path
             "--max-mutants", "3", *UIDS)
     assert r.returncode == 0, r.stdout + r.stderr
     assert {t["entry_point"] for t in lines(out)} == {"shout", "twice", "third"}, r.stdout
+
+
+def test_a_symlink_loop_in_the_repository_is_skipped(tmp_path: Path):
+    import os
+
+    from mlx_rlaif.data.from_repo import is_test_path
+    from mlx_rlaif.data.from_repo.record import python_files
+    from mlx_rlaif.data.from_repo.tasks import defined_functions
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("def f(x):\n    return x\n")
+    os.symlink("loop.py", tmp_path / "pkg" / "loop.py")
+    assert defined_functions(tmp_path, python_files(tmp_path), is_test_path(tmp_path)) == (1, 0)

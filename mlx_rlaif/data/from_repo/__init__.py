@@ -20,6 +20,7 @@ task files.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -54,7 +55,7 @@ class Options:
 
 
 def is_test_path(repo: Path) -> Callable[[str], bool]:
-    root = str(repo.resolve()) + "/"
+    root = os.path.realpath(repo) + "/"
     return lambda path: is_test_file(path, root)
 
 
