@@ -257,6 +257,118 @@ def test_a_teacher_with_another_tokenizer_is_refused_at_load_in_one_line(models)
     assert load_teacher(str(models["teacher"]), student_tok, str(models["student"])).split
 
 
+def edited(models: dict[str, Path], tmp_path: Path, name: str, edit) -> Path:
+    """A copy of the test teacher with `edit(dir)` applied to its files."""
+    import shutil
+
+    d = tmp_path / name
+    shutil.copytree(models["teacher"], d)
+    edit(d)
+    return d
+
+
+def rewrite(d: Path, file: str, change) -> None:
+    data = json.loads((d / file).read_text()) if (d / file).exists() else {}
+    change(data)
+    (d / file).write_text(json.dumps(data))
+
+
+def add_known_word(d: Path) -> None:
+    """As red-team teacher t7: an added, non-special token whose text is a word the vocabulary
+    already has (same get_vocab(), other encodings), a word no probe string holds."""
+    from mlx_rlaif.backends.mlx.teacher import PROBES
+
+    tok = json.loads((d / "tokenizer.json").read_text())
+    word, i = next((w, i) for w, i in sorted(tok["model"]["vocab"].items(), key=lambda x: -x[1])
+                   if w.isalpha() and w.isascii() and len(w) > 2
+                   and not any(w in p for p in PROBES))
+    tok["added_tokens"].append({"id": i, "content": word, "single_word": False,
+                                "lstrip": False, "rstrip": False, "normalized": True,
+                                "special": False})
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("added", add_known_word),  # red-team t7
+    ("eos_set", lambda d: rewrite(d, "config.json",  # red-team t3b: [2, 0]
+                                  lambda c: c.update(eos_token_id=[c["eos_token_id"], 0]))),
+    ("gen_eos", lambda d: rewrite(d, "generation_config.json",  # red-team t3c
+                                  lambda c: c.update(eos_token_id=1))),
+])
+def test_a_teacher_with_other_added_tokens_or_eos_ids_is_refused_at_load(models, tmp_path,
+                                                                         name, edit):
+    """Failing first (B6: the check compared get_vocab(), the probes and one eos_token_id, and
+    these three teachers trained): refused in one line naming both tokenizers."""
+    from mlx_lm import load as mlx_load
+
+    from mlx_rlaif.backends.mlx.teacher import load_teacher
+
+    _, student_tok = mlx_load(str(models["student"]))
+    teacher = edited(models, tmp_path, name, edit)
+    with pytest.raises(UsageError, match="does not encode text") as e:
+        load_teacher(str(teacher), student_tok, str(models["student"]))
+    text = str(e.value)
+    assert "\n" not in text and str(teacher) in text and str(models["student"]) in text
+
+
+def truncate(d: Path) -> None:
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-64])
+
+
+@pytest.mark.parametrize("name, edit, said", [
+    ("layers", lambda d: rewrite(d, "config.json",  # red-team c2: grew to ~23 GB, then killed
+                                 lambda c: c.update(num_hidden_layers=10**9)),
+     "num_hidden_layers 1000000000"),
+    ("vocab", lambda d: rewrite(d, "config.json", lambda c: c.update(vocab_size=10**12)),
+     "vocab_size"),
+    ("hidden", lambda d: rewrite(d, "config.json", lambda c: c.update(hidden_size=63)),
+     "hidden_size 63"),
+    ("truncated", truncate, "does not lie inside the file"),
+])
+def test_a_teacher_whose_config_disagrees_with_its_weights_is_refused_before_loading(
+        models, tmp_path, monkeypatch, name, edit, said):
+    """Failing first (B7: mlx-lm built the model from config.json first): refused in one line
+    from config.json and the safetensors headers, the weights never loaded."""
+    from mlx_lm import load as mlx_load
+
+    from mlx_rlaif.backends.mlx import teacher as tm
+
+    _, student_tok = mlx_load(str(models["student"]))
+    bad = edited(models, tmp_path, name, edit)
+
+    def no_load(*a, **k):
+        raise AssertionError("the teacher's weights were loaded")
+
+    monkeypatch.setattr(tm, "load_model", no_load)
+    with pytest.raises(UsageError, match=said) as e:
+        tm.load_teacher(str(bad), student_tok, str(models["student"]))
+    assert "\n" not in str(e.value) and str(bad) in str(e.value)
+
+
+def test_a_teacher_over_the_memory_budget_stops_before_loading(models, monkeypatch):
+    """Failing first (B7: the plan counted the teacher only once loaded): distill.load_teacher
+    plans the teacher's weights from its safetensors headers against the budget less the
+    student's weights and stops in one line naming the teacher and the fix."""
+    from mlx_lm import load as mlx_load
+
+    from mlx_rlaif.backends.mlx import teacher as tm
+    from mlx_rlaif.train.distill import load_teacher
+
+    model, student_tok = mlx_load(str(models["student"]))
+    monkeypatch.setattr(tm, "load_model", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("the teacher's weights were loaded")))
+    cfg = load(None, [f"model.path={models['student']}", "distill.kind=teacher",
+                      f"distill.teacher={models['teacher']}", "training.max_memory_gb=0.0001",
+                      *RUN])
+    with pytest.raises(UsageError, match="training.max_memory_gb") as e:
+        load_teacher(cfg, SimpleNamespace(model=model, tokenizer=student_tok))
+    assert "\n" not in str(e.value) and str(models["teacher"]) in str(e.value)
+    room = 8 * 2**30 - tm.weight_bytes(model)
+    assert tm.preflight("t", models["teacher"], room) == tm.weight_bytes(
+        mlx_load(str(models["teacher"]))[0])  # the headers' bytes are the loaded bytes
+
+
 RUN = ("data.train_file=suite:synthetic-train", "data.languages=[python]",
        "data.difficulties=[easy]", "reward.type=exec", "generation.max_new_tokens=12")
 

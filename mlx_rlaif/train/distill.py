@@ -76,13 +76,19 @@ def terms(run: Run, rollouts: list[Rollout], rewards: list[Reward], keys: Sequen
 
 
 def load_teacher(cfg: Any, policy: Any) -> Any:
-    """The teacher of distill.kind teacher, loaded once beside `policy` (None otherwise)."""
+    """The teacher of distill.kind teacher, loaded once beside `policy` (None otherwise); its
+    weights planned from its files first against the memory budget less the student's weights
+    (a teacher over it, or whose config disagrees with its weights, stops here in one line)."""
     if cfg.distill.kind != "teacher":
         return None
+    from ..backends.mlx import memory
     from ..backends.mlx.teacher import load_teacher as load
+    from ..backends.mlx.teacher import weight_bytes
 
+    budget, _ = memory.device_budget(cfg.training.max_memory_gb)
     return load(cfg.distill.teacher, policy.tokenizer, cfg.model.path,
-                cfg.distill.teacher_quantize, cfg.model.trust_remote_code)
+                cfg.distill.teacher_quantize, cfg.model.trust_remote_code,
+                room=budget - weight_bytes(policy.model))
 
 
 def target_teacher(run: Run, rollouts: list[Rollout]) -> list[np.ndarray]:

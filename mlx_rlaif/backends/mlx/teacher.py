@@ -2,21 +2,40 @@
 frozen, never given adapters, and its log-probs of the student's sampled tokens.
 
 The teacher reads the student's token ids as they are, so its tokenizer must encode text to the
-same ids: `tokenizer_mismatch` compares the two on probe strings (code, prose, whitespace, the
-special tokens, the chat-template markers) and the end-of-sequence ids; a difference stops the
-run at load in one line naming both tokenizers (no re-tokenization: not in scope). The
+same ids: `tokenizer_mismatch` compares the two whole vocabularies (`get_vocab()`, added tokens
+included), their added tokens with their special flags, the set of end-of-sequence ids as
+mlx-lm's wrappers see them (`eos_token_ids`: config.json, generation_config.json and the
+tokenizer's own), and the encodings of probe strings (code, prose, whitespace, the special
+tokens, the chat-template markers, and text around every added token's content of either
+tokenizer); a difference stops the run at load, before the teacher's weights are read, in one
+line naming both tokenizers (no re-tokenization: not in scope).
+
+Before its weights are loaded the teacher is planned from its files (`preflight`): the
+safetensors headers (their tensors must lie inside the files), config.json against them (the
+number of layers, the embedding's rows and width, at least a parameter per layer and hidden
+unit), and the weights' bytes against the memory budget left beside the student; a teacher that
+fails stops the run in one line naming it and the fix, before mlx-lm builds its model (a config
+of 10**9 layers would otherwise grow the process until it is killed). The run's full memory
+plan (memory_plan.py) counts the loaded teacher's weights and forward after that. The
 forward is the reference pass's (`update.policy_logprobs`: micro-batches sized by the memory
 plan, each prompt computed once for its group, the head's log-probs a chunk of positions at a
 time): only the sampled tokens' log-probs are kept, never a [rows, positions, vocabulary]
 tensor.
 
 Not covered: teachers with another tokenizer (cross-tokenizer distillation), teachers behind
-APIs (no log-probs over the student's tokens), the torch backend (config.check refuses it).
+APIs (no log-probs over the student's tokens), the torch backend (config.check refuses it);
+the config-against-weights check knows mlx-lm's `model.layers.N.` and `embed_tokens` names
+(weights named otherwise are checked for their bytes only; weights with more layers than the
+config, as extra prediction layers, are left to mlx-lm's strict load); weight formats other than safetensors.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -24,11 +43,13 @@ import mlx.nn as nn
 import numpy as np
 
 from ... import cpu
+from ...assets import model_source
 from ...config import Config
 from ...cpu.experts import float32_experts
 from ...cpu.kernels import training_fast_paths
 from ...errors import UsageError
 from ...records import Rollout
+from . import memory
 from .device import kind_of, quantized_problem
 from .loss import Split, split_head
 from .policy import is_quantized, load_model
@@ -42,6 +63,10 @@ PROBES = (
     "naïve café – “quotes” 数字 🙂",
     "fn main() { println!(\"{}\", 42); }",
 )
+HEADER_MAX = 100 * 2**20  # bytes of a safetensors header (the safetensors library's own cap)
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
+               "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+LAYER = re.compile(r"(?:^|\.)model\.layers\.(\d+)\.")  # a text model's blocks, as mlx-lm names them
 
 
 @dataclass
@@ -59,22 +84,53 @@ def tokenizer_name(tokenizer: Any, path: str) -> str:
 
 
 def tokenizer_mismatch(student: Any, teacher: Any) -> str | None:
-    """Where the two tokenizers differ (None: the same vocabulary where both list theirs, every
-    probe encoded to the same ids, the same end-of-sequence id)."""
+    """Where the two tokenizers differ (None: the same vocabulary with its added tokens and
+    their special flags, the same set of end-of-sequence ids, every probe encoded to the same
+    ids)."""
     va, vb = vocabulary(student), vocabulary(teacher)
     if va is not None and vb is not None and va != vb:
         diff = sorted(set(va.items()) ^ set(vb.items()), key=str)[:1]
         return f"vocabularies of {len(va)} and {len(vb)} tokens differ (first: {diff[0]!r})"
-    for text in PROBES:
+    aa, ab = added_tokens(student), added_tokens(teacher)
+    if aa != ab:
+        diff = sorted(set(aa.items()) ^ set(ab.items()), key=str)[:1]
+        return f"added tokens differ (first: id, text, special {diff[0]!r})"
+    eos_a, eos_b = eos_ids(student), eos_ids(teacher)
+    if eos_a != eos_b:
+        return f"end-of-sequence ids {eos_a} for the student, {eos_b} for the teacher"
+    for text in probes(aa, ab):
         a, b = student.encode(text), teacher.encode(text)
         if list(a) != list(b):
             return f"{text[:24]!r} is {list(a)[:6]}... for the student, {list(b)[:6]}... " \
                    "for the teacher"
-    eos_a = getattr(student, "eos_token_id", None)
-    eos_b = getattr(teacher, "eos_token_id", None)
-    if eos_a != eos_b:
-        return f"end-of-sequence id {eos_a} for the student, {eos_b} for the teacher"
     return None
+
+
+def added_tokens(tokenizer: Any) -> dict[int, tuple[str, bool]]:
+    """id -> (text, special) of a tokenizer's added tokens ({} where it lists none)."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    try:
+        decoder = dict(getattr(inner, "added_tokens_decoder", None) or {})
+    except Exception:  # noqa: BLE001  (a tokenizer whose added tokens cannot be listed)
+        return {}
+    return {int(i): (str(getattr(t, "content", t)), bool(getattr(t, "special", False)))
+            for i, t in decoder.items()}
+
+
+def eos_ids(tokenizer: Any) -> list[int]:
+    """The end-of-sequence ids as mlx-lm's wrapper sees them (its `eos_token_ids`, else the
+    tokenizer's one `eos_token_id`), sorted."""
+    ids = getattr(tokenizer, "eos_token_ids", None)
+    if ids is None:
+        one = getattr(tokenizer, "eos_token_id", None)
+        ids = [] if one is None else [one]
+    return sorted(ids, key=str)
+
+
+def probes(*added: dict[int, tuple[str, bool]]) -> list[str]:
+    """PROBES, and for every added token's text of either tokenizer that text inside prose."""
+    texts = sorted({text for a in added for text, _ in a.values()})
+    return [*PROBES, *(f"it is {t} that x, {t}{t} and x{t}" for t in texts)]
 
 
 def vocabulary(tokenizer: Any) -> dict[str, int] | None:
@@ -87,17 +143,19 @@ def vocabulary(tokenizer: Any) -> dict[str, int] | None:
 
 
 def load_teacher(path: str, student_tokenizer: Any, student_path: str, quantize: int = 0,
-                 trust_remote_code: bool = False) -> Teacher:
+                 trust_remote_code: bool = False, room: int | None = None) -> Teacher:
     """The teacher, frozen (quantized to `quantize` bits at load where it is not already);
-    UsageError in one line where its tokenizer does not encode the student's text to the same
-    ids."""
+    UsageError in one line, before its weights are read, where its tokenizer does not encode
+    the student's text to the same ids, its config disagrees with its weight files or its
+    weights are over `room` bytes (the budget less the student's weights; None: unchecked)."""
+    local = local_dir(path)
+    if local is not None:
+        preflight(path, local, room)  # first: transformers' tokenizer loader reads config.json
+        check_tokenizer(path, local, student_tokenizer, student_path)
     model, tokenizer = load_model(path, trust_remote_code)
     why = tokenizer_mismatch(student_tokenizer, tokenizer)
     if why is not None:
-        raise UsageError(f"distill.teacher {path}: its tokenizer "
-                         f"({tokenizer_name(tokenizer, path)}) does not encode text to the "
-                         f"student's ({tokenizer_name(student_tokenizer, student_path)}) ids "
-                         f"({why}): pick a teacher of the same model family")
+        raise mismatch_error(path, tokenizer, student_tokenizer, student_path, why)
     problem = quantized_problem(kind_of(), mx.__version__) if quantize or is_quantized(model) \
         else None
     if problem:
@@ -112,6 +170,130 @@ def load_teacher(path: str, student_tokenizer: Any, student_path: str, quantize:
     model.train(False)
     mx.eval(model.parameters())
     return Teacher(model, tokenizer, path, split_head(model))
+
+
+def mismatch_error(path: str, tokenizer: Any, student_tokenizer: Any, student_path: str,
+                   why: str) -> UsageError:
+    return UsageError(f"distill.teacher {path}: its tokenizer "
+                      f"({tokenizer_name(tokenizer, path)}) does not encode text to the "
+                      f"student's ({tokenizer_name(student_tokenizer, student_path)}) ids "
+                      f"({why}): pick a teacher of the same model family")
+
+
+def local_dir(path: str) -> Path | None:
+    """The teacher's directory on this machine (a hub id fetched as mlx-lm fetches it); None
+    where it cannot be had (mlx-lm's loader then says why in one line)."""
+    from mlx_lm.utils import _download
+
+    try:
+        p = Path(_download(model_source(path)))
+    except UsageError:
+        raise
+    except Exception:  # noqa: BLE001  (the loader reports a path it cannot fetch)
+        return None
+    return p if (p / "config.json").is_file() else None
+
+
+def read_config(local: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((local / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def check_tokenizer(path: str, local: Path, student_tokenizer: Any, student_path: str) -> None:
+    """The teacher's tokenizer alone, loaded as mlx-lm's `load` loads it (end-of-sequence ids
+    from config.json too), against the student's: UsageError in one line where they differ."""
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(local, {}, eos_token_ids=read_config(local).get(
+            "eos_token_id"))
+    except Exception:  # noqa: BLE001  (the loader reports a tokenizer it cannot load)
+        return
+    why = tokenizer_mismatch(student_tokenizer, tokenizer)
+    if why is not None:
+        raise mismatch_error(path, tokenizer, student_tokenizer, student_path, why)
+
+
+def safetensors_tensors(file: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
+    """name -> (dtype, shape, bytes) from a safetensors file's header; ValueError where it is
+    no header or a tensor does not lie inside the file at its declared size."""
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        raw = f.read(8)
+        n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
+        if not 0 < n <= min(HEADER_MAX, size - 8):
+            raise ValueError(f"{file.name} has no safetensors header")
+        header = json.loads(f.read(n))
+    if not isinstance(header, dict):
+        raise ValueError(f"{file.name} has no safetensors header")
+    data, out = size - 8 - n, {}
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape = str(v["dtype"]), tuple(int(d) for d in v["shape"])
+            start, end = (int(x) for x in v["data_offsets"])
+        except (TypeError, KeyError, ValueError) as e:
+            raise ValueError(f"{file.name}: tensor {name[:60]!r} has no valid entry") from e
+        want = math.prod(shape) * DTYPE_BYTES.get(dtype, 1)
+        if not 0 <= start <= end <= data or (dtype in DTYPE_BYTES and end - start != want):
+            raise ValueError(f"{file.name}: tensor {name[:60]!r} of shape {list(shape)[:4]} "
+                             "does not lie inside the file")
+        out[name] = (dtype, shape, end - start)
+    return out
+
+
+def config_problem(config: dict[str, Any], tensors: dict[str, tuple[str, tuple[int, ...], int]]
+                   ) -> str | None:
+    """Where config.json's shapes disagree with the weight files' tensors (None: they agree
+    where both say)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers, hidden, vocab = (text.get(k) for k in ("num_hidden_layers", "hidden_size",
+                                                   "vocab_size"))
+    found = {int(m.group(1)) for k in tensors if (m := LAYER.search(k))}
+    if found and not (isinstance(layers, int) and 0 < layers <= len(found)):  # more: MTP
+        return f"num_hidden_layers {layers!r} in config.json, {len(found)} layers in its weights"
+    embed = next(((d, s) for k, (d, s, _) in tensors.items()
+                  if k.endswith("embed_tokens.weight")), None)
+    if embed is not None and len(embed[1]) == 2:
+        if vocab != embed[1][0]:
+            return f"vocab_size {vocab!r} in config.json, {embed[1][0]} embedding rows"
+        if embed[0] != "U32" and hidden != embed[1][1]:  # U32: quantized, packed columns
+            return f"hidden_size {hidden!r} in config.json, embeddings {embed[1][1]} wide"
+    elems = sum(math.prod(s) * (8 if d == "U32" else 1) for d, s, _ in tensors.values())
+    if isinstance(layers, int) and isinstance(hidden, int) and layers * hidden > elems:
+        return (f"num_hidden_layers {layers} x hidden_size {hidden} is more parameters than "
+                f"the {elems} its weights hold")
+    return None
+
+
+def preflight(path: str, local: Path, room: int | None) -> int:
+    """The teacher's weight bytes planned from its files before they are loaded: UsageError in
+    one line where a safetensors header is broken, config.json disagrees with the weights, or
+    the weights are over `room` bytes; returns the bytes (0: no safetensors found, left to the
+    loader)."""
+    files = sorted(local.glob("model*.safetensors"))
+    tensors: dict[str, tuple[str, tuple[int, ...], int]] = {}
+    try:
+        for f in files:
+            tensors.update(safetensors_tensors(f))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"distill.teacher {path}: its weight files are broken "
+                         f"({str(e).splitlines()[0]}): pick a teacher saved whole") from e
+    why = config_problem(read_config(local), tensors)
+    if why is not None:
+        raise UsageError(f"distill.teacher {path}: its config.json disagrees with its weight "
+                         f"files ({why}): fix the teacher's config.json or pick another teacher")
+    size = sum(b for _, _, b in tensors.values())
+    if room is not None and size > room:
+        raise UsageError(f"distill.teacher {path}: its weights are {memory.gb(size)} GB, over "
+                         f"the {memory.gb(max(room, 0))} GB the memory budget leaves beside the "
+                         "student: pick a smaller or pre-quantized teacher (mlx_lm.convert -q), "
+                         "or raise training.max_memory_gb")
+    return size
 
 
 def teacher_logprobs(teacher: Teacher, rollouts: list[Rollout], cfg: Config
