@@ -21,6 +21,11 @@ from mlx_rlaif.cpu.blas import fast_blas_active, find_fast_blas, maybe_reexec_wi
 from mlx_rlaif.testing.randmodel import make_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
+# tests/data holds inputs, not this project's tests: the fixture repository's own pytest suite
+# (data/repo_fixture/tests) runs only inside `mlx-rlaif data from-repo`'s sandbox. Ignored here,
+# not by a conftest.py of tests/data: a second module named `conftest` shadowed this one for
+# `from conftest import ...` in the suite's other files.
+collect_ignore = ["data"]
 DTYPE_VAR = "MLX_RLAIF_TEST_DTYPE"
 TEST_DTYPE = os.environ.get(DTYPE_VAR) or "float32"
 if TEST_DTYPE not in ("float32", "bfloat16", "float16"):
