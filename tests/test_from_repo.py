@@ -358,9 +358,9 @@ def _forge():
     base = {"calls": [{"args": "(3,)", "kwargs": "{}", "returns": "3"},
                       {"args": "('q',)", "kwargs": "{}", "returns": "'q'"}],
             "seen": 2, "dropped": {}, "line": 1, "root": REPO}
-    fs[("/x1", "leak")] = dict(base, file="../secret.py", name="leak", module="secret",
-                              root=REPO + "/..", tests=[])
-    fs[("/x2", "leak")] = dict(base, file="pkg/evil.py", name="leak", module="pkg.evil",
+    fs[("/x1", "leak")] = dict(base, file="../secret.py", name="leak", module="pkg.core",
+                              tests=[])
+    fs[("/x2", "leak")] = dict(base, file="pkg/evil.py", name="leak", module="pkg.core",
                               tests=[])
     for k, v in list(fs.items()):
         if v["name"] == "double":
@@ -378,7 +378,9 @@ def hostile_repo(tmp_path: Path) -> Path:
     (repo / "pyproject.toml").write_text("[project]\nname = 'pkg'\n")
     (repo / "pkg" / "__init__.py").write_text("")
     (repo / "pkg" / "core.py").write_text(
-        "def double(x):\n    return x * 2\n\n\ndef same(x):\n    return x\n")
+        "def double(x):\n    return x * 2\n\n\ndef same(x):\n    return x\n\n\n"
+        "def leak(x):  # what the forged records name, so that the gate passes them\n"
+        "    return x\n")
     (repo / "tests" / "test_core.py").write_text(
         "from pkg.core import double, same\n\n\ndef test_double():\n    assert double(2) == 4\n"
         "    assert double(3) == 6\n    assert double('a') == 'aa'\n\n\n"
