@@ -23,11 +23,13 @@ class SamplingParams:
     prefill_once: bool = True
     completion_batch_size: int = 0  # 0: every sequence at once
     fuse_lora_max_mb: int = 256  # backends.mlx.policy.lora_fused (0: never)
+    draft_tokens: int = 0  # backends.mlx.speculative: tokens drafted per row and step (0: off)
 
     @classmethod
     def from_config(cls, gen: Any) -> SamplingParams:
+        draft = gen.draft_tokens if gen.speculative == "ngram" else 0
         return cls(gen.temperature, gen.top_p, gen.top_k, gen.max_new_tokens, gen.prefill_once,
-                   gen.completion_batch_size, gen.fuse_lora_max_mb)
+                   gen.completion_batch_size, gen.fuse_lora_max_mb, draft)
 
 
 def format_prompt(tokenizer: Any, task: Task, chat_template: bool = True,

@@ -150,6 +150,14 @@ class GenerationConfig:
                                 "copy of the adapted weights when that copy takes at most this "
                                 "many MB (0: never; quantized weights: never). Small models decode "
                                 "faster fused; the copy costs memory.", _nonneg)
+    speculative: Literal["off", "ngram"] = opt(
+        "off", "MLX: ngram drafts up to draft_tokens tokens per row and step from the sequence so "
+        "far (prompt lookup: the continuation of the longest earlier n-gram match) and verifies "
+        "them in one forward pass, keeping the sampled distribution exactly (a drafted token is "
+        "kept when the sampler draws it). Pays where decoding is bound by reading the weights "
+        "(Apple silicon, larger models) and completions copy their prompt: BENCHMARKS.md.")
+    draft_tokens: int = opt(4, "speculative ngram: most tokens drafted per row and step (the "
+                            "verification pass is 1 + draft_tokens positions wide).", _pos)
 
 
 @dataclass(frozen=True)

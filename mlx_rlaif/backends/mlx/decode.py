@@ -56,6 +56,9 @@ class Decoded:
     finish: list[str]
     widths: list[int] = field(default_factory=list)
     caches: list[Any] = field(default_factory=list)  # per row, when kept: its per-layer KVCache
+    forwards: int = 0  # speculative.py: rows fed to the model, summed over steps
+    drafted: int = 0  # ... drafted tokens verified
+    accepted: int = 0  # ... and kept
 
 
 @functools.cache

@@ -13,7 +13,11 @@ top-p/top-k truncation), so the PPO ratio against it is real and extra PPO itera
 extra forward. `completion_batch_size` splits
 the rows into batches decoded one after the other.
 
-Not covered: stop strings (only EOS token ids stop), speculative decoding, prompts longer than the
+With `generation.speculative: ngram` (`params.draft_tokens` > 0) the rows decode in
+speculative.py's loop where their caches allow: several tokens per forward pass drafted from
+each row's own prompt and completion, the sampled distribution unchanged.
+
+Not covered: stop strings (only EOS token ids stop), draft models, prompts longer than the
 model's context.
 """
 
@@ -33,9 +37,9 @@ from ...cpu.kernels import decode_rope, fast_cpu_kernels
 from ...records import Rollout, Task, Turn
 from ..batch import chunks
 from ..sampling import Reply, SamplingParams, prompt_formatter
-from . import shared_prompt
-from .compiled_decode import decode
-from .decode import Clock, merged_cache, picker
+from . import shared_prompt, speculative
+from .compiled_decode import decode as decode_one
+from .decode import Clock, Decoded, merged_cache, picker
 from .policy import lora_fused
 
 
@@ -112,11 +116,25 @@ def generate(model: nn.Module, prompts_P: Sequence[list[int]], group_size: int,
         for rows in chunks(n, params.completion_batch_size):
             cache = _rows(prefilled, prompt_of[rows]) if batched \
                 else merged_cache(row_caches[rows])
-            parts.append(decode(model, cache, [prompts_P[p][-1] for p in prompt_of[rows]],
-                                params.max_new_tokens, pick, set(eos_ids), keep_caches,
-                                _reporter(on_seq, rows.start), clock, compiled=compiled,
-                                shared_cores=shared_cores))
+            parts.append(decode(model, cache, [prompts_P[p] for p in prompt_of[rows]],
+                                params, pick, set(eos_ids), keep_caches,
+                                _reporter(on_seq, rows.start), clock, compiled, shared_cores))
     return _seqs(parts, time.perf_counter() - tic)
+
+
+def decode(model: nn.Module, cache: list[Any], histories: Sequence[list[int]],
+           params: SamplingParams, pick: Any, eos: set[int], keep_caches: bool = False,
+           on_done: Any = None, clock: Clock | None = None, compiled: bool | None = None,
+           shared_cores: bool = False) -> Decoded:
+    """Decode the rows of `cache` from the last token of each of `histories` (row i's
+    sequence so far): speculative.py's loop where drafting is on and the caches allow it, else
+    one token per step (compiled_decode.py)."""
+    first = [h[-1] for h in histories]
+    if params.draft_tokens > 0 and speculative.supported(cache, pick):
+        return speculative.decode(model, cache, first, histories, params.max_new_tokens, pick,
+                                  eos, params.draft_tokens, keep_caches, on_done, clock)
+    return decode_one(model, cache, first, params.max_new_tokens, pick, eos, keep_caches,
+                      on_done, clock, compiled=compiled, shared_cores=shared_cores)
 
 
 def _reporter(on_seq: Callable[[int, dict], None] | None, offset: int) -> Any:
@@ -146,8 +164,8 @@ def continue_rows(model: nn.Module, caches: list[list[Any]], sequences: list[lis
             if rest:
                 model(mx.array(rest)[None], cache=cache)
                 mx.eval([c.state for c in cache])
-        parts = [decode(model, merged_cache(caches[rows]), [s[-1] for s in sequences[rows]],
-                        params.max_new_tokens, pick, set(eos_ids), keep_caches=True)
+        parts = [decode(model, merged_cache(caches[rows]), sequences[rows], params, pick,
+                        set(eos_ids), keep_caches=True)
                  for rows in chunks(len(sequences), params.completion_batch_size)]
     return _seqs(parts, time.perf_counter() - tic)
 
@@ -165,6 +183,11 @@ def _seqs(parts: list[Any], seconds: float) -> tuple[list[dict], dict]:
         "gen/decode_width": float(max(widths, default=0)),
         "gen/decode_width_mean": sum(widths) / len(widths) if widths else 0.0,
     }
+    forwards = sum(d.forwards for d in parts)
+    if forwards:  # drafted (speculative.py): tokens per row per forward, drafts kept
+        drafted = sum(d.drafted for d in parts)
+        stats["gen/tokens_per_pass"] = ntok / forwards
+        stats["gen/draft_accept"] = sum(d.accepted for d in parts) / drafted if drafted else 0.0
     return seqs, stats
 
 

@@ -1,0 +1,209 @@
+"""Speculative rollouts (backends/mlx/speculative.py): drafting from the sequence leaves the
+sampled distribution exactly the model's, greedy decoding gives the same tokens, the recorded
+log-probs are a full forward's, and the per-row cache trimming keeps each row's cache its own.
+
+Exactness is tested on a Markov table model (logits depend only on a row's last token), whose
+exact distribution over the first three tokens is a product of table rows: a chi-square goodness
+of fit at temperature 1, at 0.7 and with top-k, with drafts that are mostly right and mostly
+wrong. The cache handling is tested on a random transformer, where a wrong cache changes the
+logits, and whose rows fall into loops their drafts predict, each at its own time (ragged
+acceptance): its recorded log-probs against one forward of prompt + completion (float32 and
+4-bit), and a kept cache against a fresh prefill.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm import load
+from mlx_lm.models.cache import KVCache
+
+from mlx_rlaif.backends.mlx import speculative
+from mlx_rlaif.backends.mlx.decode import merged_cache, picker
+from mlx_rlaif.backends.mlx.rollout import generate, prefill
+from mlx_rlaif.backends.sampling import SamplingParams
+from mlx_rlaif.testing.randmodel import make_model_dir
+
+
+class TableModel(nn.Module):
+    """Logits = table[token] at every position; keys and values are the input tokens."""
+
+    def __init__(self, table: mx.array) -> None:
+        super().__init__()
+        self.table = table
+
+    def __call__(self, x: mx.array, cache: list) -> mx.array:
+        kv = x.astype(mx.float32)[:, None, :, None] * mx.ones((1, 1, 1, 2))
+        cache[0].update_and_fetch(kv, kv)
+        return self.table[x]
+
+
+def test_ngram_index_drafts_the_latest_longest_match() -> None:
+    idx = speculative.NgramIndex([6, 7, 8, 1, 6, 7, 9, 2, 6, 7])
+    assert idx.draft(3) == [9, 2, 6]  # (6, 7): its latest earlier occurrence, before 9
+    idx = speculative.NgramIndex([5, 6, 7, 8, 1, 6, 7, 9, 2, 5, 6, 7])
+    assert idx.draft(2) == [8, 1]  # the trigram (5, 6, 7) wins over the later bigram (6, 7)
+    assert idx.draft(0) == []
+    assert speculative.NgramIndex([1, 2, 3, 4]).draft(4) == []  # nothing repeats
+    idx = speculative.NgramIndex([1, 2, 1])
+    assert idx.draft(4) == []  # a unigram match is not enough (MIN_NGRAM = 2)
+    idx.extend([2])
+    assert idx.draft(4) == [1, 2]  # (1, 2) continues with what follows it, up to the end
+
+
+def test_accept_keeps_the_draft_while_the_sampler_agrees() -> None:
+    eos = {0}
+    assert speculative.accept([4, 5, 6], [4, 5, 6, 7], eos, 99) == 4  # all kept, plus one
+    assert speculative.accept([4, 5, 6], [4, 9, 6, 7], eos, 99) == 2  # 9 replaces the draft
+    assert speculative.accept([4, 5, 6], [3, 5, 6, 7], eos, 99) == 1
+    assert speculative.accept([], [3], eos, 99) == 1
+    assert speculative.accept([4, 0, 6], [4, 0, 6, 7], eos, 99) == 2  # an EOS ends the row
+    assert speculative.accept([4, 5, 6], [4, 5, 6, 7], eos, 2) == 2  # the row's budget
+
+
+def _markov(vocab: int, right: float) -> np.ndarray:
+    """Row a: `right` on a + 1 (what the cyclic prompt drafts), 0.2 on a + 2, the rest spread
+    unevenly (no ties: top-k is well defined)."""
+    rest = np.arange(1.0, vocab - 1)
+    p = np.zeros((vocab, vocab))
+    for a in range(vocab):
+        others = [b for b in range(vocab) if b not in ((a + 1) % vocab, (a + 2) % vocab)]
+        p[a, others] = (1 - right - 0.2) * rest / rest.sum()
+        p[a, (a + 1) % vocab], p[a, (a + 2) % vocab] = right, 0.2
+    return p
+
+
+def _next(p: np.ndarray, temperature: float, top_k: int) -> np.ndarray:
+    """The sampler's next-token distribution of each table row."""
+    q = p ** (1 / temperature)
+    if top_k:
+        cut = -np.sort(-q, axis=1)[:, top_k - 1:top_k]
+        q = np.where(q >= cut, q, 0)
+    return q / q.sum(axis=1, keepdims=True)
+
+
+def _chi2_critical(df: int, z: float = 3.29) -> float:
+    """The chi-square quantile at the normal quantile z (Wilson-Hilferty; z 3.29: p = 5e-4)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("right,temperature,top_k", [(0.7, 1.0, 0), (0.7, 0.7, 0),
+                                                      (0.7, 1.0, 3), (0.15, 1.0, 0)])
+def test_first_tokens_follow_the_models_exact_distribution(right: float, temperature: float,
+                                                          top_k: int) -> None:
+    """4,000 rows drafted from a cyclic prompt: the triples (t1, t2, t3) fit the exact
+    distribution (chi-square, cells of expected count 5 or more), and the recorded log-probs
+    are the sampler's (at the temperature, over the full distribution)."""
+    vocab, n = 6, 4000
+    p = _markov(vocab, right)
+    model = TableModel(mx.array(np.log(p), dtype=mx.float32))
+    history = [0, 1, 2, 3, 4, 5] * 3 + [0]
+    cache = merged_cache([[KVCache()] for _ in range(n)])
+    mx.random.seed(11)
+    out = speculative.decode(model, cache, [0] * n, [history] * n, 3,
+                             picker(temperature, top_k=top_k), set(), 4)
+    assert out.drafted >= 2 * n and out.accepted > (0.3 if right > 0.5 else 0.01) * n
+    q = _next(p, temperature, top_k)
+    exact = q[0][:, None, None] * q[:, :, None] * q[None, :, :]  # P(t1, t2, t3) from token 0
+    seen = np.zeros_like(exact)
+    for t in out.tokens:
+        seen[tuple(t)] += 1
+    expected = exact.ravel() * n
+    big = expected >= 5
+    cells = np.append(seen.ravel()[big], seen.ravel()[~big].sum())
+    want = np.append(expected[big], expected[~big].sum())
+    cells, want = cells[want > 0], want[want > 0]
+    stat = float(((cells - want) ** 2 / want).sum())
+    assert stat < _chi2_critical(len(cells) - 1), (stat, len(cells))
+    logq = np.log(_next(p, temperature, 0))  # log-probs at T over the full distribution
+    for t, lp in zip(out.tokens[:200], out.logprobs[:200], strict=True):
+        prev = [0, *t[:-1]]
+        np.testing.assert_allclose(lp, logq[prev, t], atol=1e-5)
+
+
+def test_wrong_drafts_leave_the_same_distribution_as_no_drafts() -> None:
+    """A table whose drafted continuation is never likely: drafting changes nothing but the
+    work (same lengths and first-token frequencies as decoding without drafts)."""
+    vocab, n = 6, 3000
+    p = _markov(vocab, 0.05)
+    model = TableModel(mx.array(np.log(p), dtype=mx.float32))
+    history = [0, 1, 2, 3, 4, 5] * 3 + [0]
+    cache = merged_cache([[KVCache()] for _ in range(n)])
+    mx.random.seed(2)
+    out = speculative.decode(model, cache, [0] * n, [history] * n, 2, picker(1.0), set(), 4)
+    first = np.bincount([t[0] for t in out.tokens], minlength=vocab) / n
+    np.testing.assert_allclose(first, p[0], atol=4 * math.sqrt(0.25 / n))
+    assert out.forwards == 2 * n - out.accepted  # a kept draft saves its row one pass
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """A random 2-layer model (float32) and prompts of a repeated random segment: it falls into
+    loops that its drafts predict, each row at its own time (ragged acceptance)."""
+    model, tok = load(str(make_model_dir(tmp_path_factory.mktemp("spec") / "m", "micro", seed=3)))
+    rng = np.random.default_rng(0)
+    return model, tok, [list(map(int, rng.integers(3, 500, 12))) * 2 for _ in range(6)]
+
+
+def _rollouts(model: nn.Module, prompts: list, temperature: float, draft: int, seed: int = 0
+              ) -> tuple[list[dict], dict]:
+    mx.random.seed(seed)
+    params = SamplingParams(temperature=temperature, max_new_tokens=40, draft_tokens=draft)
+    return generate(model, prompts, 3, params, [2])
+
+
+def test_greedy_tokens_are_the_same_with_drafts(micro: tuple) -> None:
+    model, _, prompts = micro
+    plain, _ = _rollouts(model, prompts, 0.0, 0)
+    drafted, stats = _rollouts(model, prompts, 0.0, 4)
+    assert [s["tokens"] for s in drafted] == [s["tokens"] for s in plain]
+    assert stats["gen/tokens_per_pass"] > 1.5 and stats["gen/draft_accept"] > 0.5
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_recorded_logprobs_are_a_full_forwards(micro: tuple, bits: int,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows accept different numbers of tokens and are rolled per row: each row's recorded
+    log-probs (T = 0.5) still equal one forward of its prompt + completion, which a cache
+    holding another row's positions, a rejected token or a wrong position would not."""
+    model, _, prompts = micro
+    if bits:
+        model = copy.deepcopy(model)
+        nn.quantize(model, group_size=32, bits=bits)
+    ragged = []
+    trim = speculative._trim_rows
+    monkeypatch.setattr(speculative, "_trim_rows",
+                        lambda cache, junk: (ragged.append(max(junk) > min(junk)),
+                                             trim(cache, junk)))
+    seqs, stats = _rollouts(model, prompts, 0.5, 4, seed=3)
+    assert sum(ragged) >= 5 and stats["gen/draft_accept"] > 0.3
+    worst = 0.0
+    for i, s in enumerate(seqs):
+        prompt = prompts[i // 3]
+        logits = model(mx.array(prompt + s["tokens"])[None])[0, len(prompt) - 1:-1] / 0.5
+        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        ref = mx.take_along_axis(lp, mx.array(s["tokens"])[:, None], axis=-1)[:, 0]
+        worst = max(worst, float(mx.abs(ref - mx.array(s["logprobs"])).max()))
+    assert worst < 1e-4
+
+
+def test_a_kept_cache_holds_its_rows_prompt_and_tokens(micro: tuple) -> None:
+    model, _, prompts = micro
+    caches = [prefill(model, p) for p in prompts]
+    mx.random.seed(5)
+    out = speculative.decode(model, merged_cache(caches), [p[-1] for p in prompts], prompts, 30,
+                             picker(0.5), {2}, 4, keep_caches=True)
+    assert out.accepted > 10
+    for p, toks, kept in zip(prompts, out.tokens, out.caches, strict=True):
+        seq = p + toks
+        n = kept[0].offset
+        assert len(p) - 1 <= n < len(seq)
+        fresh = prefill(model, seq[:n + 1])
+        for a, b in zip(kept, fresh, strict=True):
+            np.testing.assert_allclose(np.array(a.state[0][..., :n, :]),
+                                       np.array(b.state[0][..., :n, :]), atol=1e-4)
