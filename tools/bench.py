@@ -13,17 +13,23 @@ What it measures (BENCHMARKS.md explains each figure and has the latest results)
 - our RL step (`train.step.rl_step`: generate / score (syntax reward) / train), training tokens/s of
   one forward+backward of our loss and its ratio to the measured matmul FLOP/s (6 x params
   FLOPs per token), MLX peak memory and process RSS;
-- mlx-lm-lora 5.10.2's GRPO step (`train_grpo`) on the same model, prompts, P, G, max tokens and
-  sampler, installed by this script into its own virtual environment (.bench/peer-venv) with the
-  same BLAS preload: each alone in its own process (memory; the peer also with 2 OpenBLAS
-  threads), then side by side, both in one process per round (the peer's environment)
-  alternating step by step;
+- three MLX peers' GRPO steps on the same model, prompts, P, G, max tokens and sampler, each
+  installed by this script into its own virtual environment with the same mlx / mlx-lm as ours
+  and the same BLAS preload (`PEERS`): mlx-lm-lora 5.10.2 (`train_grpo`, .bench/peer-venv),
+  mlxrl 0.2.4 (`inductive-mlxrl`: its batched prefix-cached rollout, `batch_from_rollouts`,
+  `optimizer_step`, as its README and its own benchmark run them; .bench/peer-mlxrl) and mlx-tune
+  0.6.0 (`GRPOTrainer.train`, one prompt per step, one completion at a time;
+  .bench/peer-mlxtune): each alone in its own process (memory; mlx-lm-lora also with 2 OpenBLAS
+  threads), then side by side, ours and the peer in one process per round (the peer's
+  environment) alternating step by step; one line per peer ends in `speedup over PEER: N.NNx`
+  (the peer's step time divided by ours), on the tiny model and on the 0.5B shape;
 - our RL step without the fast BLAS, and with 1 vs 2 OpenBLAS threads;
 - A/B in one process of choices in losses.py / batch.py / blas.py / cpu_kernels.py /
   backends.mlx: the loss formulation (one pow-based exp pass vs mx.logsumexp + mx.exp), padding
   to 32 vs 8, mx.compile, threads, the shared-prompt forward, the CPU attention and SwiGLU, a
   rollout with the LoRA adapters fused for decoding vs not, and in mlx-lm's `BatchGenerator`;
-- on the Qwen2.5-0.5B shape: peak memory with the KL reference on and off.
+- on the Qwen2.5-0.5B shape: peak memory with the KL reference on and off, and each peer
+  side by side with ours (one warm-up and `--big-reps` steps each; memory from each alone).
 
 Models are random-weight Qwen2s built locally (`mlx_rlaif.testing.randmodel`, cached in
 .bench/models).
@@ -57,7 +63,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / ".bench"
-PEER_SPEC = "mlx-lm-lora==5.10.2"
+# peer -> (what pip installs beside our mlx / mlx-lm pins, its virtual environment under .bench)
+PEERS = {"mlx-lm-lora": ("mlx-lm-lora==5.10.2", "peer-venv"),
+         "mlxrl": ("inductive-mlxrl==0.2.4", "peer-mlxrl"),
+         "mlx-tune": ("mlx-tune==0.6.0", "peer-mlxtune")}
 MARK = "BENCH-RESULT "
 PROMPTS = [
     "Write a Python function that returns the sum of a list of numbers.",
@@ -128,21 +137,24 @@ def _median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
-def ensure_peer_venv(venv: Path) -> str:
-    """A virtual environment with mlx-lm-lora 5.10.2 and the same mlx / mlx-lm as ours."""
-    python = venv / "bin" / "python"
-    if not python.exists():
+def ensure_peer_venv(venv: Path, package: str) -> str:
+    """A virtual environment with `package` (a pip requirement) and the same mlx / mlx-lm as
+    ours (every peer's own pins allow them: mlx-lm-lora and mlx-tune ask for mlx / mlx-lm >=
+    0.31, mlxrl for mlx >= 0.32.2 and mlx-lm >= 0.32.0, on macOS arm64 only)."""
+    python, done_mark = venv / "bin" / "python", venv / "bench-installed"
+    if not done_mark.is_file() or done_mark.read_text() != package:
         from importlib.metadata import version
 
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         # psutil: our step reads RSS, and the side-by-side worker runs our step there too
-        pins = [PEER_SPEC, f"mlx[cpu]=={version('mlx')}", f"mlx-lm=={version('mlx-lm')}",
+        pins = [package, f"mlx[cpu]=={version('mlx')}", f"mlx-lm=={version('mlx-lm')}",
                 f"psutil=={version('psutil')}"]
         print(f"bench: installing {' '.join(pins)} into {venv}", flush=True)
         done = subprocess.run([str(python), "-m", "pip", "install", "-q", *pins],
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"bench: pip install into {venv} failed:\n{done.stderr[-2000:]}")
+        done_mark.write_text(package)
     return str(python)
 
 
@@ -174,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     print("bench: rollouts (ours vs mlx-lm batch_generate)", flush=True)
     results["rollout"] = run_worker("rollout", {**common, "model": models["tiny"],
                                                 "reps": plan["rollout_reps"]}, fast_env())
-    print("bench: RL step, ours vs mlx-lm-lora GRPO (interleaved)", flush=True)
+    print(f"bench: RL step, ours vs {', '.join(plan['peers']) or 'no peer'} (interleaved)",
+          flush=True)
     results["rl"] = bench_rl_vs_peer(plan, common, models["tiny"], args)
     print("bench: design choices, A/B in one process (loss formulation, padding, compile, threads)",
           flush=True)
@@ -184,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: our RL step: reference BLAS, OpenBLAS 1 and 2 threads", flush=True)
         results["blas"] = bench_blas_rl(plan, common, models["tiny"])
     if plan["big"]:
-        print("bench: Qwen2.5-0.5B shape: memory with KL on and off", flush=True)
-        results["qwen0.5b"] = bench_big(plan, common, models["qwen0.5b"])
+        print("bench: Qwen2.5-0.5B shape: memory with KL on and off; the peers side by side",
+              flush=True)
+        results["qwen0.5b"] = bench_big(plan, common, models["qwen0.5b"], args)
     results["summary"] = summarize(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -206,9 +220,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=2, help="P")
     p.add_argument("--group", type=int, default=4, help="G")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per completion")
-    p.add_argument("--no-peer", action="store_true", help="skip mlx-lm-lora")
+    p.add_argument("--no-peer", action="store_true", help="skip the peers")
+    p.add_argument("--peers", default=",".join(PEERS), help="peers to run, comma-separated "
+                   f"(default all: {', '.join(PEERS)})")
     p.add_argument("--no-big", action="store_true", help="skip the 0.5B-shaped model")
-    p.add_argument("--peer-venv", default=str(BENCH / "peer-venv"))
+    p.add_argument("--big-reps", type=int, default=1, help="0.5B shape: measured steps of each "
+                   "side per side-by-side process (after one warm-up step each)")
+    p.add_argument("--peer-venv", default=str(BENCH / "peer-venv"), help="mlx-lm-lora's")
     p.add_argument("--scale", action="store_true", help="the scale benchmark instead "
                    "(tools/bench_scale.py: 0.5B shape, 256-1,024 tokens, 4-bit, TRL; hours)")
     p.add_argument("--only", default="", help="--scale: parts to run, comma-separated "
@@ -228,11 +246,20 @@ def make_plan(args: argparse.Namespace) -> dict:
         "P": args.prompts, "G": args.group, "max_tokens": args.max_tokens, "quick": q,
         "rounds": args.rounds or (1 if q else 3), "reps": args.reps or 3,
         "rollout_reps": 6 if q else 12, "matmul_n": [1024] if q else [512, 1024, 2048],
-        "blas_rounds": 0 if q else 2, "micro_reps": 3 if q else 7, "peer": not args.no_peer,
-        "big": not args.no_big,
+        "blas_rounds": 0 if q else 2, "micro_reps": 3 if q else 7, "big": not args.no_big, "big_reps": args.big_reps,
+        "peers": [] if args.no_peer else peer_names(args.peers),
         "big_max_tokens": 16 if q else args.max_tokens,
         "openblas_threads": fast_env()["OPENBLAS_NUM_THREADS"],
     }
+
+
+def peer_names(text: str) -> list[str]:
+    """`--peers`' comma-separated names, checked against `PEERS`."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in PEERS]
+    if unknown:
+        raise SystemExit(f"bench: unknown peers {unknown}; known: {', '.join(PEERS)}")
+    return names
 
 
 def machine() -> dict:
@@ -257,26 +284,59 @@ def bench_matmul(plan: dict) -> dict:
 
 def bench_rl_vs_peer(plan: dict, common: dict, model: str, args: argparse.Namespace) -> dict:
     """Memory and throughput of each alone (one process each), then step times side by side:
-    `rounds` processes that alternate our step and theirs."""
+    `rounds` processes per peer that alternate our step and theirs."""
     spec = {**common, "model": model, "reps": plan["reps"], "kl": 0.02, "train_reps": 3}
-    out: dict[str, Any] = {"ours": run_worker("rl", spec, fast_env())}
-    if not plan["peer"]:
-        return out
+    out: dict[str, Any] = {"ours": run_worker("rl", spec, fast_env()), "peers": {}}
+    for name in plan["peers"]:
+        out["peers"][name] = one_peer(name, {**spec, "peer": name}, plan["rounds"], args,
+                                      two_threads=name == "mlx-lm-lora")
+        print_speedup(name, out["peers"][name], "tiny")
+    return out
+
+
+def one_peer(name: str, spec: dict, rounds: int, args: argparse.Namespace,
+             two_threads: bool = False, timeout: float = 1800) -> dict:
+    """A peer alone (its memory), then `rounds` side-by-side processes; an error is kept, not
+    raised, so that the other peers still run."""
+    out: dict[str, Any] = {}
     try:
-        python = ensure_peer_venv(Path(args.peer_venv))
-        out["peer"] = run_worker("peer", spec, fast_env(), python=python)
-        # the peer with OpenBLAS at 2 threads throughout (ours uses 2 only to train): its best?
-        out["peer_2_threads"] = run_worker("peer", spec, fast_env(2), python=python)
-        duels = [run_worker("duel", spec, fast_env(), python=python)
-                 for _ in range(plan["rounds"])]
+        python = ensure_peer_venv(peer_venv(name, args), PEERS[name][0])
+        alone = {**spec, **spec.get("alone", {})}
+        out["alone"] = run_worker("peer", alone, fast_env(), python=python, timeout=timeout)
+        if two_threads:  # the peer with OpenBLAS at 2 threads throughout (ours: 2 to train)
+            out["alone_2_threads"] = run_worker("peer", alone, fast_env(2), python=python,
+                                                timeout=timeout)
+        duels = [run_worker("duel", spec, fast_env(), python=python, timeout=timeout)
+                 for _ in range(rounds)]
     except (RuntimeError, SystemExit, subprocess.SubprocessError) as e:
-        print(f"bench: mlx-lm-lora could not run: {e}", flush=True)
-        out["peer_error"] = str(e)
+        print(f"bench: {name} could not run: {e}", flush=True)
+        out["error"] = str(e)
         return out
     out["duel"] = {"ours": merge([d["ours"] for d in duels]),
                    "peer": merge([d["peer"] for d in duels]),
                    "ratio": [x for d in duels for x in d["ratio"]], "processes": len(duels)}
     return out
+
+
+def peer_venv(name: str, args: argparse.Namespace) -> Path:
+    return Path(args.peer_venv) if name == "mlx-lm-lora" else BENCH / PEERS[name][1]
+
+
+def speedup_line(name: str, shape: str, ours_s: float, peer_s: float, ratio: float) -> str:
+    """The line `--quick` prints per peer: medians of the side-by-side steps and of their
+    per-pair ratios (the peer's step time divided by ours)."""
+    return (f"bench: {shape} RL step side by side: ours {ours_s:.3f} s, {name} {peer_s:.3f} s; "
+            f"speedup over {name}: {ratio:.2f}x")
+
+
+def print_speedup(name: str, peer: dict, shape: str) -> None:
+    if "duel" not in peer:
+        print(f"bench: {shape}: {name} could not run (see the JSON's error); no speedup",
+              flush=True)
+        return
+    d = peer["duel"]
+    print(speedup_line(name, shape, _median(d["ours"]["step_s"]), _median(d["peer"]["step_s"]),
+                       _median(d["ratio"])), flush=True)
 
 
 def bench_blas_rl(plan: dict, common: dict, model: str) -> dict:
@@ -291,12 +351,21 @@ def bench_blas_rl(plan: dict, common: dict, model: str) -> dict:
     return {k: merge(v) for k, v in runs.items()}
 
 
-def bench_big(plan: dict, common: dict, model: str) -> dict:
-    """One RL step each with KL on and off, each in a fresh process (its own peak memory)."""
+def bench_big(plan: dict, common: dict, model: str, args: argparse.Namespace) -> dict:
+    """One RL step each with KL on and off, each in a fresh process (its own peak memory); then
+    each peer: one step alone in a fresh process (its peak memory), and one side-by-side process
+    (one warm-up step each, then `big_reps` alternating steps each)."""
     spec = {**common, "model": model, "reps": 1, "warmup": 0, "train_reps": 0,
             "max_tokens": plan["big_max_tokens"]}
-    return {"kl_off": run_worker("rl", {**spec, "kl": 0.0}, fast_env(), timeout=3600),
-            "kl_on": run_worker("rl", {**spec, "kl": 0.02}, fast_env(), timeout=3600)}
+    out: dict[str, Any] = {
+        "kl_off": run_worker("rl", {**spec, "kl": 0.0}, fast_env(), timeout=3600),
+        "kl_on": run_worker("rl", {**spec, "kl": 0.02}, fast_env(), timeout=3600), "peers": {}}
+    for name in plan["peers"]:
+        peer_spec = {**spec, "kl": 0.02, "peer": name, "reps": plan["big_reps"], "warmup": 1,
+                     "alone": {"reps": 1, "warmup": 0}}
+        out["peers"][name] = one_peer(name, peer_spec, 1, args, timeout=3600)
+        print_speedup(name, out["peers"][name], "0.5B")
+    return out
 
 
 def merge(runs: list[dict]) -> dict:
@@ -337,17 +406,12 @@ def summarize(r: dict) -> dict:
     s["train_mfu_like_4n"] = s["train_mfu_like"] * 4 / 6
     s["matmul_peak_gflops"] = peak
     s["mlx_peak_gb_tiny"] = {"ours": ours["mlx_peak_gb"]}
-    if "duel" in r["rl"]:
-        duel, peer = r["rl"]["duel"], r["rl"]["peer"]
-        s["step_s_side_by_side"] = {side: {k: m(duel[side][k]) for k in STEP_KEYS}
-                                    for side in ("ours", "peer")}
-        s["step_s_peer_alone"] = {k: m(peer[k]) for k in STEP_KEYS}
-        if "peer_2_threads" in r["rl"]:
-            s["step_s_peer_alone_2_threads"] = {k: m(r["rl"]["peer_2_threads"][k])
-                                                for k in STEP_KEYS}
-        s["decode_width_peer"] = peer["decode_width"]
-        s["step_speedup_ours_vs_peer"] = m(duel["ratio"])
-        s["mlx_peak_gb_tiny"]["peer"] = peer["mlx_peak_gb"]
+    s["peers"] = {name: peer_summary(p) for name, p in r["rl"].get("peers", {}).items()}
+    for name, p in s["peers"].items():
+        if "alone" in p:
+            s["mlx_peak_gb_tiny"][name] = p["alone"]["mlx_peak_gb"]
+    if "speedup" in s["peers"].get("mlx-lm-lora", {}):  # the key earlier rounds reported
+        s["step_speedup_ours_vs_peer"] = s["peers"]["mlx-lm-lora"]["speedup"]
     if "blas" in r:
         s["step_s_by_blas"] = {k: {x: m(v[x]) for x in STEP_KEYS} for k, v in r["blas"].items()}
     if "qwen0.5b" in r:
@@ -362,17 +426,48 @@ def summarize(r: dict) -> dict:
             "gen_tps": {"kl_on": on["gen_tps"][0], "kl_off": off["gen_tps"][0]},
             # KL off: the train phase is one forward+backward plus the optimizer step
             "train_mfu_like_kl_off": off["train_positions"] * 6 * off["params"]
-            / off["train_s"][0] / (peak * 1e9)}
+            / off["train_s"][0] / (peak * 1e9),
+            "peers": {name: peer_summary(p)
+                      for name, p in r["qwen0.5b"].get("peers", {}).items()}}
     if "micro" in r:
         s["ab_ms"] = r["micro"]["ms"]
     s["targets"] = targets(s)
     return s
 
 
+def peer_summary(p: dict) -> dict:
+    """Medians of one peer's runs: side by side (both sides, the ratio), alone (phases and
+    peak memory), and what the peer ran (its `note`)."""
+    m = statistics.median
+    if "duel" not in p:
+        return {"error": p.get("error", "")[-500:]}
+    duel, alone = p["duel"], p["alone"]
+    out = {"speedup": m(duel["ratio"]), "pairs": [min(duel["ratio"]), max(duel["ratio"])],
+           "side_by_side": {side: {k: m(duel[side][k]) for k in STEP_KEYS if duel[side].get(k)}
+                            for side in ("ours", "peer")},
+           "alone": {**{k: m(alone[k]) for k in STEP_KEYS if alone.get(k)},
+                     "mlx_peak_gb": alone["mlx_peak_gb"], "rss_peak_gb": alone["rss_peak_gb"]},
+           "decode_width": alone.get("decode_width"), "note": alone.get("note", "")}
+    for k in ("old_ref_s", "update_s"):
+        if duel["peer"].get(k):
+            out["side_by_side"]["peer"][k] = m(duel["peer"][k])
+    if "alone_2_threads" in p:
+        out["alone_2_threads_step_s"] = m(p["alone_2_threads"]["step_s"])
+    return out
+
+
 def targets(s: dict) -> dict:
     t = {"rollout >= 0.9x mlx-lm batch_generate": s["rollout_ratio_ours_over_mlx_lm"] >= 0.9}
     if "step_speedup_ours_vs_peer" in s:
         t["RL step >= 3x faster than mlx-lm-lora"] = s["step_speedup_ours_vs_peer"] >= 3.0
+    ours_gb = s["mlx_peak_gb_tiny"]["ours"]
+    for shape, peers, mine in (("tiny", s.get("peers", {}), ours_gb),
+                               ("0.5B", s.get("qwen0.5b", {}).get("peers", {}),
+                                s.get("qwen0.5b", {}).get("mlx_peak_gb", {}).get("kl_on"))):
+        for name, p in peers.items():
+            if "speedup" in p:
+                t[f"{shape}: RL step >= 1.5x faster than {name}"] = p["speedup"] >= 1.5
+                t[f"{shape}: MLX peak <= {name}'s"] = mine <= p["alone"]["mlx_peak_gb"]
     if "qwen0.5b" in s:
         t["0.5B peak memory KL on <= 1.1x off"] = s["qwen0.5b"]["peak_ratio_kl_on_over_off"] <= 1.1
     return t
@@ -813,12 +908,17 @@ class Peer:
                 "prompt_tokens": [len(p) for p in self.prompts]}
 
 
+def make_peer(spec: dict) -> Any:
+    return {"mlx-lm-lora": Peer, "mlxrl": MlxRL, "mlx-tune": MlxTune}[
+        spec.get("peer", "mlx-lm-lora")](spec)
+
+
 def w_peer(spec: dict) -> dict:
     """The peer alone in its process: its step times and its peak memory."""
     import mlx.core as mx
 
     mx.random.seed(0)
-    peer = Peer(spec)
+    peer = make_peer(spec)
     warm = spec.get("warmup", 1)
     peer.train(warm + spec["reps"])
     return {**peer.results(warm), **_memory()}
@@ -827,19 +927,198 @@ def w_peer(spec: dict) -> dict:
 def w_duel(spec: dict) -> dict:
     """Ours and the peer in one process (the peer's virtual environment, which holds the same
     mlx and mlx-lm versions as ours; our package is imported from this checkout), alternating
-    step by step so that background load hits both alike."""
+    step by step so that background load hits both alike. A peer whose own trainer runs the
+    loop (mlx-tune) calls our step between its steps, outside its timers."""
     sys.path.insert(0, str(ROOT))
     import mlx.core as mx
 
     mx.random.seed(0)
-    ours, peer = Ours(spec), Peer(spec)
+    ours, peer = Ours(spec), make_peer(spec)
     warm = spec.get("warmup", 1)
-    for i in range(warm + spec["reps"]):
-        for side in ((ours, peer) if i % 2 == 0 else (peer, ours)):
-            side.train(1)
+    if getattr(peer, "owns_loop", False):
+        peer.train(warm + spec["reps"], between=lambda: ours.train(1))
+    else:
+        for i in range(warm + spec["reps"]):
+            for side in ((ours, peer) if i % 2 == 0 else (peer, ours)):
+                side.train(1)
     a, b = ours.results(warm), peer.results(warm)
     return {"ours": a, "peer": b,
             "ratio": [x / y for x, y in zip(b["step_s"], a["step_s"], strict=True)]}
+
+
+class MlxRL:
+    """mlxrl 0.2.4's GRPO step as its README's import API and its own benchmark
+    (`benchmarks/run_phase4.py`, `run_mlxrl_worker`) run it: `load_policy_with_lora`, Adam,
+    `GRPOAlgorithm`, the prefix-cached rollout with every P x G row decoding together
+    (`batch_groups=True`, `compile_decode_step=True`), then `batch_from_rollouts` (a full
+    forward for the old policy's log-probs, and one with the adapters disabled for the
+    reference) and `optimizer_step` (forward + backward + Adam). Its CLI's `train` decodes one
+    completion at a time instead (`generate_group_rollouts`), which is slower. The only change:
+    its EOS set is our unsampleable id (it also reads the tokenizer's `eos_token_id`)."""
+
+    def __init__(self, spec: dict) -> None:
+        import mlx.optimizers as optim
+        from mlxrl.algo.grpo import GRPOAlgorithm
+        from mlxrl.policy.logprobs import pad_token_id_from_tokenizer
+        from mlxrl.policy.model import LoRAConfig, load_policy_with_lora
+        from mlxrl.rollout import optimized
+        from mlxrl.rollout.naive import SamplingConfig
+
+        self.spec = spec
+        self.model, self.tok, _ = load_policy_with_lora(
+            model_id=spec["model"], config=LoRAConfig(rank=8, scale=20.0, dropout=0.0))
+        eos = frozenset({_force_length(self.tok, self.model)})
+        optimized.eos_token_ids_from_tokenizer = lambda _tok: eos
+        self.pad = pad_token_id_from_tokenizer(self.tok)
+        self.optimizer = optim.Adam(learning_rate=1e-5)
+        self.algorithm = GRPOAlgorithm()
+        self.sampling = SamplingConfig(max_tokens=spec["max_tokens"], temperature=1.0, top_p=1.0,
+                                       min_p=0.0, top_k=0)
+        self.t: dict[str, list] = {k: [] for k in (*STEP_KEYS, "old_ref_s", "update_s")}
+
+    def train(self, iters: int) -> None:
+        from mlxrl.rollout.optimized import generate_prefix_cached_group_rollouts
+        from mlxrl.train.grpo import batch_from_rollouts, optimizer_step
+
+        s = self.spec
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            done = generate_prefix_cached_group_rollouts(
+                model=self.model, tokenizer=self.tok, prompts=s["prompts"], group_size=s["G"],
+                config=self.sampling, compile_decode_step=True, batch_groups=True)
+            t1 = time.perf_counter()
+            rewards = python_syntax(s["prompts"], [c.text for c in done], [])
+            t2 = time.perf_counter()
+            batch = batch_from_rollouts(
+                model=self.model, completions=done, rewards=rewards, group_size=s["G"],
+                pad_token_id=self.pad, algorithm=self.algorithm, compute_reference=s["kl"] != 0)
+            t3 = time.perf_counter()
+            optimizer_step(model=self.model, optimizer=self.optimizer, batch=batch,
+                           beta=s["kl"], pad_token_id=self.pad, algorithm=self.algorithm)
+            t4 = time.perf_counter()  # optimizer_step returns floats: synchronized
+            for k, v in (("step_s", t4 - t0), ("generate_s", t1 - t0), ("score_s", t2 - t1),
+                         ("train_s", t4 - t2), ("old_ref_s", t3 - t2), ("update_s", t4 - t3)):
+                self.t[k].append(v)
+            self.lengths = [len(c.completion_tokens) for c in done]
+            self.prompt_tokens = sorted({len(c.prompt_tokens) for c in done})
+
+    def results(self, skip: int) -> dict:
+        from importlib.metadata import version
+
+        return {**{k: v[skip:] for k, v in self.t.items()}, "decode_width": len(self.lengths),
+                "completion_len": self.lengths, "prompt_tokens": self.prompt_tokens,
+                "mlxrl": version("inductive-mlxrl"), "mlx": version("mlx"),
+                "mlx_lm": version("mlx-lm"),
+                "note": "old-policy forward + reference forward (adapters off) + forward/"
+                        "backward each step; Adam; GRPOAlgorithm (unclipped ratio)"}
+
+
+class MlxTune:
+    """mlx-tune 0.6.0's `GRPOTrainer` as its README runs it: `FastLanguageModel.from_pretrained`,
+    `get_peft_model` (rank 8, alpha 160 = our scale 20; its default targets, all 7 projections),
+    `GRPOConfig` with our G, token budget and temperature, `trainer.train()`. Its loop takes one
+    prompt per step and samples the G completions one after another (mlx-lm's `stream_generate`
+    on a fork of a prompt cache built once per prompt), then one compiled forward + backward of
+    -advantage x sequence log-prob with AdamW: no reference model or KL (`beta` is not read), no
+    ratio or clip. One of our steps (P prompts x G) is compared with P of its steps (the same
+    P x G completions). It skips the update of a group whose rewards are all equal, and random
+    weights never write parsing Python, so its reward is the syntax reward plus 1e-6 x the
+    completion's index in the step (ours trains every group: `rl.drop_zero_std=false`). Timers
+    wrap its module's `build_shared_prompt_cache` (a step starts), `generate_with_log_probs`
+    and the reward; our step runs inside the step-start hook, outside its timers."""
+
+    owns_loop = True
+
+    def __init__(self, spec: dict) -> None:
+        from mlx_tune import FastLanguageModel
+
+        self.spec = spec
+        model, self.tok = FastLanguageModel.from_pretrained(model_name=spec["model"],
+                                                            max_seq_length=2048)
+        self.model = FastLanguageModel.get_peft_model(model, r=8, lora_alpha=160,
+                                                      lora_dropout=0.0)
+        _force_length(self.tok, self.model.model)
+        self.texts = [self.tok.apply_chat_template([{"role": "user", "content": p}],
+                                                   add_generation_prompt=True, tokenize=False)
+                      for p in spec["prompts"]]
+        self.sub: dict[str, list] = {"step_s": [], "generate_s": [], "score_s": []}
+        self.tmp = tempfile.mkdtemp(prefix="bench-mlxtune-")
+
+    def train(self, iters: int, between: Any = None) -> None:
+        """`iters` of our steps' worth: P x `iters` of its steps, in one `trainer.train()`;
+        `between()` runs before every P of them (untimed)."""
+        import mlx_tune.rl_trainers as rt
+        from mlx_tune import GRPOConfig, GRPOTrainer
+
+        s, sub, P = self.spec, self.sub, len(self.texts)
+        clock = {"start": None, "n": 0, "gen": 0.0, "score": 0.0}
+
+        def close_step() -> None:
+            if clock["start"] is not None:
+                sub["step_s"].append(time.perf_counter() - clock["start"])
+                sub["generate_s"].append(clock["gen"])
+                sub["score_s"].append(clock["score"])
+
+        def step_start(*a: Any, **k: Any) -> Any:
+            close_step()
+            if between is not None and clock["n"] % P == 0:
+                between()
+            clock.update(start=time.perf_counter(), n=clock["n"] + 1, gen=0.0, score=0.0)
+            tic = time.perf_counter()
+            out = build(*a, **k)
+            clock["gen"] += time.perf_counter() - tic
+            return out
+
+        def generate(*a: Any, **k: Any) -> Any:
+            tic = time.perf_counter()
+            out = gen(*a, **k)
+            clock["gen"] += time.perf_counter() - tic
+            return out
+
+        def finished(*a: Any, **k: Any) -> Any:
+            close_step()
+            clock["start"] = None
+            return save(*a, **k)
+
+        def reward(text: str, answer: str) -> float:
+            tic = time.perf_counter()
+            r = python_syntax([], [text], [])[0] + 1e-6 * (clock["k"] % s["G"])
+            clock["k"] = clock.get("k", 0) + 1
+            clock["score"] += time.perf_counter() - tic
+            return r
+
+        clock["k"] = 0
+        build, gen, save = (rt.build_shared_prompt_cache, rt.generate_with_log_probs,
+                            rt._save_adapters_and_config)
+        rt.build_shared_prompt_cache, rt.generate_with_log_probs = step_start, generate
+        rt._save_adapters_and_config = finished
+        try:
+            args = GRPOConfig(loss_type="grpo", beta=s["kl"], num_generations=s["G"],
+                              temperature=1.0, max_completion_length=s["max_tokens"],
+                              output_dir=self.tmp, learning_rate=1e-5,
+                              max_steps=P * iters, logging_steps=1, save_steps=10**9)
+            data = [{"prompt": t, "answer": ""} for t in self.texts]
+            GRPOTrainer(model=self.model, train_dataset=data, tokenizer=self.tok,
+                        reward_fn=reward, args=args).train()
+        finally:
+            rt.build_shared_prompt_cache, rt.generate_with_log_probs = build, gen
+            rt._save_adapters_and_config = save
+
+    def results(self, skip: int) -> dict:
+        from importlib.metadata import version
+
+        P = len(self.texts)
+        per = {k: [sum(v[i:i + P]) for i in range(0, len(v) - P + 1, P)]
+               for k, v in self.sub.items()}  # P of its steps = one of ours
+        out = {k: v[skip:] for k, v in per.items()}
+        out["train_s"] = [a - b - c for a, b, c in zip(out["step_s"], out["generate_s"],
+                                                       out["score_s"], strict=True)]
+        return {**out, "decode_width": 1, "substep_s": self.sub["step_s"][skip * P:],
+                "prompt_tokens": [len(self.tok.encode(t)) for t in self.texts],
+                "mlx_tune": version("mlx-tune"), "mlx": version("mlx"),
+                "mlx_lm": version("mlx-lm"),
+                "note": "one prompt per step, completions one at a time; no reference/KL, "
+                        "no ratio/clip; AdamW with cosine decay"}
 
 
 def python_syntax(prompts: list, completions: list[str], answer: list, types: Any = None
