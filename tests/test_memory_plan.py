@@ -38,6 +38,15 @@ def test_arithmetic_by_hand() -> None:
     # one layer's half again while it grows, the 2 prompts' caches (20 -> 256 positions),
     # 4 float32 vocabulary-sized buffers per row
     assert memory.decode_bytes(S, W, 8) == (MB + MB // 2 + 2 * 512 * 256 + 4 * 4 * 8 * 4096)
+    # drafting 4 tokens: a step 5 positions wide (5x the vocabulary-sized buffers), and the cache
+    # longer by up to 64 + 5 positions of padding: 189 positions, still allocated as 256
+    drafted = Work(**{**W.__dict__, "draft_tokens": 4})
+    assert memory.decode_bytes(S, drafted, 8) == (MB + MB // 2 + 2 * 512 * 256
+                                                  + 4 * 4 * 8 * 5 * 4096)
+    # 200 + 100 + 69 positions: 512 allocated
+    longer = Work(**{**W.__dict__, "draft_tokens": 4, "prompt_len": 200})
+    assert memory.decode_bytes(S, longer, 8) == (2 * MB + MB + 2 * 512 * 256
+                                                 + 4 * 4 * 8 * 5 * 4096)
     # a completion row: its prompt's last token + 100 tokens, padded to 8: 104 positions
     assert W.width == 104
     # one block keeps (7 x 64 + 2 x 32 + 3 x 128) floats = 896 floats = 3584 bytes a position

@@ -14,20 +14,28 @@ acceptance): its recorded log-probs against one forward of prompt + completion (
 from __future__ import annotations
 
 import copy
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx_lm
 import numpy as np
 import pytest
-from mlx_lm import load
 from mlx_lm.models.cache import KVCache
 
 from mlx_rlaif.backends.mlx import speculative
 from mlx_rlaif.backends.mlx.decode import merged_cache, picker
 from mlx_rlaif.backends.mlx.rollout import generate, prefill
 from mlx_rlaif.backends.sampling import SamplingParams
+from mlx_rlaif.config import check, load
+from mlx_rlaif.errors import ConfigError
 from mlx_rlaif.testing.randmodel import make_model_dir
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class TableModel(nn.Module):
@@ -145,7 +153,7 @@ def test_wrong_drafts_leave_the_same_distribution_as_no_drafts() -> None:
 def micro(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     """A random 2-layer model (float32) and prompts of a repeated random segment: it falls into
     loops that its drafts predict, each row at its own time (ragged acceptance)."""
-    model, tok = load(str(make_model_dir(tmp_path_factory.mktemp("spec") / "m", "micro", seed=3)))
+    model, tok = mlx_lm.load(str(make_model_dir(tmp_path_factory.mktemp("spec") / "m", "micro", seed=3)))
     rng = np.random.default_rng(0)
     return model, tok, [list(map(int, rng.integers(3, 500, 12))) * 2 for _ in range(6)]
 
@@ -207,3 +215,35 @@ def test_a_kept_cache_holds_its_rows_prompt_and_tokens(micro: tuple) -> None:
         for a, b in zip(kept, fresh, strict=True):
             np.testing.assert_allclose(np.array(a.state[0][..., :n, :]),
                                        np.array(b.state[0][..., :n, :]), atol=1e-4)
+
+
+def test_off_in_yaml_is_off_and_torch_is_refused() -> None:
+    """YAML 1.1 reads `off` as false: `speculative: off` must still mean off (it was refused as
+    `False is not one of off, ngram`)."""
+    assert load(None, ["generation.speculative=off"]).generation.speculative == "off"
+    cfg = load(None, ["generation.speculative=ngram", "generation.draft_tokens=3"])
+    assert SamplingParams.from_config(cfg.generation).draft_tokens == 3
+    assert SamplingParams.from_config(load(None, []).generation).draft_tokens == 0
+    with pytest.raises(ConfigError, match="generation.speculative ngram is MLX-only"):
+        check(load(None, ["generation.speculative=ngram", "model.backend=torch"]))
+
+
+@pytest.mark.slow
+def test_a_drafted_run_trains_with_the_samplers_logprobs(tmp_path: Path) -> None:
+    """Two steps of the quickstart with drafting, 4-bit, two-turn conversations: the sampler's
+    log-probs agree with the trainer's (policy/sampler_kl at float rounding, as without
+    drafting: about 1e-10 here), and the drafting metrics are logged."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "mlx_rlaif.cli", "train", "--config",
+                        "configs/quickstart.yaml", "--output-dir", str(out), "--no-dashboard",
+                        "--max-steps", "2", "--set", "data.eval_file=",
+                        "--set", "logging.baseline_eval_batches=0",
+                        "--set", "generation.speculative=ngram", "--set", "model.quantize=4",
+                        "--set", "generation.max_turns=2", "--set", "logging.tensorboard=false"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = [json.loads(x) for x in (out / "batches.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["policy/sampler_kl"] < 1e-6 and row["policy/sampler_far_frac"] == 0
+        assert row["gen/tokens_per_pass"] >= 1.0 and 0 <= row["gen/draft_accept"] <= 1

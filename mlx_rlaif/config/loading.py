@@ -212,6 +212,8 @@ def _coerce(value: Any, tp: Any, dotted: str) -> Any:
         choices = typing.get_args(tp)
         if isinstance(value, bool) and {"on", "off"} <= set(choices):  # YAML 1.1 reads on as true
             value = "on" if value else "off"
+        elif value is False and "off" in choices:  # ... and off as false
+            value = "off"
         if value not in choices:
             raise ConfigError(f"{dotted} = {value!r} is not one of {', '.join(map(str, choices))}")
         return value
@@ -362,6 +364,9 @@ def check(cfg: Config) -> Config:
     if cfg.generation.max_turns > 1 and cfg.model.backend == "torch":
         raise ConfigError("generation.max_turns > 1 is MLX-only (it continues the KV caches): "
                           "set it to 1 with model.backend torch")
+    if cfg.generation.speculative != "off" and cfg.model.backend == "torch":
+        raise ConfigError("generation.speculative ngram is MLX-only (it trims MLX's batch KV "
+                          "caches per row): set it to off with model.backend torch")
     for key in ("wired_limit_gb", "cache_limit_gb"):
         if cfg.model.backend == "torch" and getattr(cfg.model, key):
             raise ConfigError(f"model.{key} is MLX-only: with model.backend torch leave it 0 "

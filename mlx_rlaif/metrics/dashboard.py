@@ -190,7 +190,10 @@ def _rows(s: DashboardState) -> list[tuple[str, str]]:
             "Throughput",
             f"gen {fmt(m.get('gen/tokens_per_sec'), ',.1f')} tok/s  train "
             f"{fmt(m.get('train/tokens_per_sec'), ',.1f')} tok/s  decode width "
-            f"{fmt(m.get('gen/decode_width'), '.0f')}",
+            f"{fmt(m.get('gen/decode_width'), '.0f')}"
+            + (f"  drafts {fmt(m.get('gen/tokens_per_pass'), '.2f')} tok/pass, "
+               f"{fmt(m.get('gen/draft_accept'), '.0%')} kept"
+               if finite(m.get("gen/tokens_per_pass")) is not None else ""),
         ),
         ("Step time", _time_split(m) + thermal_text(m)),
         (

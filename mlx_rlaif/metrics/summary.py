@@ -44,6 +44,7 @@ COLUMNS = {
         "policy/clipfrac",
         "policy/entropy",
         "gen/tokens_per_sec",
+        "gen/tokens_per_pass",
         "train/tokens_per_sec",
         "time/step",
         "elapsed_s",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backends.mlx import memory, shared_prompt
+from ..backends.sampling import SamplingParams
 from ..config import Config, batch_sequences, micro_batch_size
 from ..errors import ConfigError
 from ..records import Task
@@ -44,7 +45,8 @@ def work_of(cfg: Config, prompt_len: int, model: Any = None) -> memory.Work:
                        group=cfg.generation.num_samples_per_prompt, prompt_len=prompt_len,
                        new_tokens=cfg.generation.max_new_tokens,
                        train_rows=micro_batch_size(cfg) or batch_sequences(cfg),
-                       entropy_grad=cfg.rl.entropy_coef != 0, shared=shared)
+                       entropy_grad=cfg.rl.entropy_coef != 0, shared=shared,
+                       draft_tokens=SamplingParams.from_config(cfg.generation).draft_tokens)
 
 
 def fused_bytes(model: Any, cfg: Config) -> int:

@@ -329,7 +329,9 @@ def merge_gen_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float
     return {**a, "gen/tokens": tokens, "gen/seconds": seconds,
             "gen/tokens_per_sec": tokens / seconds if seconds > 0 else 0.0,
             "gen/decode_width": max(a["gen/decode_width"], b["gen/decode_width"]),
-            "gen/decode_width_mean": (a["gen/decode_width_mean"] + b["gen/decode_width_mean"]) / 2}
+            "gen/decode_width_mean": (a["gen/decode_width_mean"] + b["gen/decode_width_mean"]) / 2,
+            **{k: (a[k] + b[k]) / 2 for k in ("gen/tokens_per_pass", "gen/draft_accept")
+               if k in a and k in b}}
 
 
 # --- metrics -------------------------------------------------------------------------------------

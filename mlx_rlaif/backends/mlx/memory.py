@@ -64,6 +64,7 @@ from ... import cpu
 from ...errors import ConfigError
 from .loss import LOGITS_CHUNK_MB, chunk_tokens, split_head
 from .model_shape import cache_sizes, layer_elems, once, text_args
+from .speculative import COMPACT_AT
 
 GiB = 2**30
 HEADROOM = 0.85  # the share of the device's memory the default budget takes
@@ -120,6 +121,7 @@ class Work:
     chunk_mb: float = LOGITS_CHUNK_MB  # float32 logits of one head chunk (logits_chunk_mb)
     entropy_grad: bool = False  # the update differentiates the entropies (rl.entropy_coef > 0)
     shared: bool = True  # each prompt computed once (shared_prompt.py); False: rows in full
+    draft_tokens: int = 0  # speculative rollouts: positions drafted per row and step (0: off)
 
     @property
     def rows(self) -> int:
@@ -178,11 +180,16 @@ def kv_cache_bytes(s: Shape, rows: int, length: int) -> int:
 
 def decode_bytes(s: Shape, w: Work, width: int) -> int:
     """Peak of decoding `width` rows: their caches (one layer's twice while it grows), the
-    prompts' prefilled caches, the step's vocabulary-sized buffers, the fused adapter copy."""
-    cache = kv_cache_bytes(s, width, w.prompt_len + w.new_tokens)
+    prompts' prefilled caches, the step's vocabulary-sized buffers, the fused adapter copy.
+    Drafting (speculative.py) makes a step 1 + draft_tokens positions wide, and a row's cache
+    longer by the padding rows accumulate before it is cut (`COMPACT_AT`) and one step's."""
+    positions = 1 + w.draft_tokens
+    slack = COMPACT_AT + positions if w.draft_tokens else 0
+    cache = kv_cache_bytes(s, width, w.prompt_len + w.new_tokens + slack)
     growing = cache // s.layers
     prefill = kv_cache_bytes(s, w.prompts, w.prompt_len)
-    return cache + growing + prefill + STEP_BUFFERS * 4 * width * s.vocab + s.fused_bytes
+    return (cache + growing + prefill + STEP_BUFFERS * 4 * width * positions * s.vocab
+            + s.fused_bytes)
 
 
 def block_bytes(s: Shape) -> int:
