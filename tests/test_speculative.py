@@ -247,3 +247,11 @@ def test_a_drafted_run_trains_with_the_samplers_logprobs(tmp_path: Path) -> None
     for row in rows:
         assert row["policy/sampler_kl"] < 1e-6 and row["policy/sampler_far_frac"] == 0
         assert row["gen/tokens_per_pass"] >= 1.0 and 0 <= row["gen/draft_accept"] <= 1
+
+
+def test_a_rows_draft_length_follows_its_acceptance() -> None:
+    assert speculative.next_size(4, 4, 4, 8) == 6  # kept whole: 2 more
+    assert speculative.next_size(7, 7, 7, 8) == 8  # ... up to draft_tokens
+    assert speculative.next_size(4, 4, 2, 8) == 3  # cut short: 1 less
+    assert speculative.next_size(1, 1, 0, 8) == 1  # ... down to 1
+    assert speculative.next_size(4, 2, 2, 8) == 6  # a shorter draft (the match ran out), kept

@@ -5,7 +5,8 @@ Drafting. Each row keeps an index of the n-grams of its sequence so far (prompt 
 `NgramIndex`): the continuation of the most recent earlier occurrence of its longest suffix
 n-gram (`MAX_NGRAM` down to `MIN_NGRAM` tokens) is its draft, up to `draft_tokens` tokens. Code
 repeats identifiers, signatures and whole lines, so drafts are often right; a row with no match
-drafts nothing that step.
+drafts nothing that step. A row's draft length adapts (`next_size`): longer after a draft kept
+whole, shorter after one that was not.
 
 Verifying. One forward of the batch per step: each row feeds its last sampled token (the one
 not yet in its KV cache) and its draft, right-padded to the widest row. The sampler draws a
@@ -100,6 +101,13 @@ def accept(draft: Sequence[int], sampled: Sequence[int], eos: Collection[int],
     return n
 
 
+def next_size(size: int, drafted: int, kept: int, most: int) -> int:
+    """A row's next draft length: 2 more after a draft kept whole, 1 less otherwise (at least
+    1, at most `most`): transformers' heuristic schedule for assisted generation, so a row
+    whose drafts keep failing makes the verification pass narrower."""
+    return min(most, size + 2) if kept == drafted else max(1, size - 1)
+
+
 def decode(model: nn.Module, cache: list[BatchKVCache], first: list[int],
            histories: Sequence[Sequence[int]], max_tokens: int, pick: Sampler,
            eos: Collection[int], draft_tokens: int, keep_caches: bool = False,
@@ -113,10 +121,11 @@ def decode(model: nn.Module, cache: list[BatchKVCache], first: list[int],
                   caches=[None] * n)
     index = [NgramIndex(h) for h in histories]
     last = list(first)
+    size = [draft_tokens] * n  # each row's draft length (`next_size`)
     rows = list(range(n))  # the row of each batch position
     tick = clock or (lambda phase: None)
     while rows and max_tokens > 0:
-        drafts = [index[i].draft(min(draft_tokens, max_tokens - len(out.tokens[i]) - 1))
+        drafts = [index[i].draft(min(size[i], max_tokens - len(out.tokens[i]) - 1))
                   for i in rows]
         width = 1 + max(len(d) for d in drafts)
         feed = mx.array([[last[i], *d] + [0] * (width - 1 - len(d))
@@ -133,6 +142,8 @@ def decode(model: nn.Module, cache: list[BatchKVCache], first: list[int],
             m = accept(d, toks[j], eos, max_tokens - len(out.tokens[i]))
             out.drafted += len(d)
             out.accepted += m - 1
+            if d:
+                size[i] = next_size(size[i], len(d), m - 1, draft_tokens)
             out.tokens[i] += toks[j][:m]
             out.logprobs[i] += lps[j][:m]
             index[i].extend(toks[j][:m])
