@@ -224,6 +224,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peers", default=",".join(PEERS), help="peers to run, comma-separated "
                    f"(default all: {', '.join(PEERS)})")
     p.add_argument("--no-big", action="store_true", help="skip the 0.5B-shaped model")
+    p.add_argument("--big-tokens", type=int, default=None, help="0.5B shape: new tokens per "
+                   "completion (default --max-tokens; quick 16)")
     p.add_argument("--big-reps", type=int, default=1, help="0.5B shape: measured steps of each "
                    "side per side-by-side process (after one warm-up step each)")
     p.add_argument("--peer-venv", default=str(BENCH / "peer-venv"), help="mlx-lm-lora's")
@@ -248,7 +250,7 @@ def make_plan(args: argparse.Namespace) -> dict:
         "rollout_reps": 6 if q else 12, "matmul_n": [1024] if q else [512, 1024, 2048],
         "blas_rounds": 0 if q else 2, "micro_reps": 3 if q else 7, "big": not args.no_big, "big_reps": args.big_reps,
         "peers": [] if args.no_peer else peer_names(args.peers),
-        "big_max_tokens": 16 if q else args.max_tokens,
+        "big_max_tokens": args.big_tokens or (16 if q else args.max_tokens),
         "openblas_threads": fast_env()["OPENBLAS_NUM_THREADS"],
     }
 
