@@ -1044,6 +1044,7 @@ class MlxTune:
                                                    add_generation_prompt=True, tokenize=False)
                       for p in spec["prompts"]]
         self.sub: dict[str, list] = {"step_s": [], "generate_s": [], "score_s": []}
+        self.lengths: list[int] = []
         self.tmp = tempfile.mkdtemp(prefix="bench-mlxtune-")
 
     def train(self, iters: int, between: Any = None) -> None:
@@ -1075,6 +1076,7 @@ class MlxTune:
             tic = time.perf_counter()
             out = gen(*a, **k)
             clock["gen"] += time.perf_counter() - tic
+            self.lengths.append(int(out[1].shape[0]))  # its sampled log-probs: one a token
             return out
 
         def finished(*a: Any, **k: Any) -> Any:
@@ -1116,6 +1118,7 @@ class MlxTune:
         out["train_s"] = [a - b - c for a, b, c in zip(out["step_s"], out["generate_s"],
                                                        out["score_s"], strict=True)]
         return {**out, "decode_width": 1, "substep_s": self.sub["step_s"][skip * P:],
+                "completion_len": sorted(set(self.lengths)),
                 "prompt_tokens": [len(self.tok.encode(t)) for t in self.texts],
                 "mlx_tune": version("mlx-tune"), "mlx": version("mlx"),
                 "mlx_lm": version("mlx-lm"),
