@@ -1,9 +1,11 @@
-"""Benchmarks: mlx-rlaif side by side with mlx-lm's `batch_generate` and mlx-lm-lora's GRPO.
+"""Benchmarks: mlx-rlaif side by side with mlx-lm's `batch_generate` and the MLX RL trainers'
+GRPO (mlx-lm-lora, mlxrl, mlx-tune).
 
-    python tools/bench.py            # full run: about 5 minutes on 2 cores
-    python tools/bench.py --quick    # about 2 minutes: fewer repetitions, 16-token 0.5B step
+    python tools/bench.py            # full run: about 30 minutes on 2 cores with the 3 peers
+    python tools/bench.py --quick    # about 13 minutes: fewer repetitions, 16-token 0.5B steps
     python tools/bench.py --quick --no-big --group 8    # other P x G x tokens: --prompts, --group,
                                                         # --max-tokens; results in --out (JSON)
+    python tools/bench.py --quick --peers mlxrl --big-tokens 64    # one peer; 0.5B at 64 tokens
     python tools/bench.py --scale    # the scale benchmark: tools/bench_scale.py (hours)
 
 What it measures (BENCHMARKS.md explains each figure and has the latest results):
