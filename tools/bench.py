@@ -1,7 +1,7 @@
 """Benchmarks: mlx-rlaif side by side with mlx-lm's `batch_generate` and the MLX RL trainers'
 GRPO (mlx-lm-lora, mlxrl, mlx-tune).
 
-    python tools/bench.py            # full run: about 30 minutes on 2 cores with the 3 peers
+    python tools/bench.py            # full run: 3 rounds per peer, 64-token 0.5B steps (long)
     python tools/bench.py --quick    # about 13 minutes: fewer repetitions, 16-token 0.5B steps
     python tools/bench.py --quick --no-big --group 8    # other P x G x tokens: --prompts, --group,
                                                         # --max-tokens; results in --out (JSON)
