@@ -2,7 +2,7 @@
 GRPO (mlx-lm-lora, mlxrl, mlx-tune).
 
     python tools/bench.py            # full run: 3 rounds per peer, 64-token 0.5B steps (long)
-    python tools/bench.py --quick    # about 13 minutes: fewer repetitions, 16-token 0.5B steps
+    python tools/bench.py --quick    # about 12 minutes: fewer repetitions, 16-token 0.5B steps
     python tools/bench.py --quick --no-big --group 8    # other P x G x tokens: --prompts, --group,
                                                         # --max-tokens; results in --out (JSON)
     python tools/bench.py --quick --peers mlxrl --big-tokens 64    # one peer; 0.5B at 64 tokens
