@@ -139,7 +139,7 @@ def _median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
-def ensure_peer_venv(venv: Path, package: str) -> str:
+def ensure_peer_venv(venv: Path, package: str = PEERS["mlx-lm-lora"][0]) -> str:
     """A virtual environment with `package` (a pip requirement) and the same mlx / mlx-lm as
     ours (every peer's own pins allow them: mlx-lm-lora and mlx-tune ask for mlx / mlx-lm >=
     0.31, mlxrl for mlx >= 0.32.2 and mlx-lm >= 0.32.0, on macOS arm64 only)."""
