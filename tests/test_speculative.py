@@ -134,6 +134,30 @@ def test_first_tokens_follow_the_models_exact_distribution(right: float, tempera
         np.testing.assert_allclose(lp, logq[prev, t], atol=1e-5)
 
 
+def test_lengths_and_token_counts_follow_the_model_to_the_end() -> None:
+    """Aggregate statistics over whole completions, with an EOS (token 5, on the drafted cycle)
+    and a 12-token budget: each row's length and its count of every token (i.i.d. over rows)
+    have the exact chain's means (z-tests at 4.5 standard errors)."""
+    vocab, n, budget, eos = 6, 3000, 12, 5
+    p = _markov(vocab, 0.7)
+    model = TableModel(mx.array(np.log(p), dtype=mx.float32))
+    history = [0, 1, 2, 3, 4] * 4 + [0]
+    cache = merged_cache([[KVCache()] for _ in range(n)])
+    mx.random.seed(4)
+    out = speculative.decode(model, cache, [0] * n, [history] * n, budget, picker(1.0), {eos}, 4)
+    assert out.accepted > n and any(f == "stop" for f in out.finish)
+    alive = p[0].copy()  # P(token t = x, no EOS before it), t = 1
+    length, counts = 0.0, np.zeros(vocab)
+    for _ in range(budget):
+        length += alive.sum()
+        counts += alive
+        alive = np.where(np.arange(vocab) == eos, 0.0, alive) @ p
+    lengths = np.array([len(t) for t in out.tokens], dtype=float)
+    per_row = np.array([np.bincount(t, minlength=vocab) for t in out.tokens], dtype=float)
+    for got, want in [(lengths, length), *((per_row[:, x], counts[x]) for x in range(vocab))]:
+        assert abs(got.mean() - want) < 4.5 * got.std() / math.sqrt(n) + 1e-9, (got.mean(), want)
+
+
 def test_wrong_drafts_leave_the_same_distribution_as_no_drafts() -> None:
     """A table whose drafted continuation is never likely: drafting changes nothing but the
     work (same lengths and first-token frequencies as decoding without drafts)."""
