@@ -26,6 +26,7 @@ import mlx_lm
 import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache
+from test_compiled_decode import TableModel  # logits = table[token], at every position
 
 from mlx_rlaif.backends.mlx import speculative
 from mlx_rlaif.backends.mlx.decode import merged_cache, picker
@@ -36,19 +37,6 @@ from mlx_rlaif.errors import ConfigError
 from mlx_rlaif.testing.randmodel import make_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class TableModel(nn.Module):
-    """Logits = table[token] at every position; keys and values are the input tokens."""
-
-    def __init__(self, table: mx.array) -> None:
-        super().__init__()
-        self.table = table
-
-    def __call__(self, x: mx.array, cache: list) -> mx.array:
-        kv = x.astype(mx.float32)[:, None, :, None] * mx.ones((1, 1, 1, 2))
-        cache[0].update_and_fetch(kv, kv)
-        return self.table[x]
 
 
 def test_ngram_index_drafts_the_latest_longest_match() -> None:
