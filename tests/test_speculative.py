@@ -74,12 +74,20 @@ def _markov(vocab: int, right: float) -> np.ndarray:
     return p
 
 
-def _next(p: np.ndarray, temperature: float, top_k: int) -> np.ndarray:
-    """The sampler's next-token distribution of each table row."""
+def _next(p: np.ndarray, temperature: float, top_k: int, top_p: float = 1.0) -> np.ndarray:
+    """The sampler's next-token distribution of each table row (top-p as mlx-lm's: the tokens
+    whose cumulative probability, smallest first, exceeds 1 - top_p)."""
     q = p ** (1 / temperature)
+    q = q / q.sum(axis=1, keepdims=True)
     if top_k:
         cut = -np.sort(-q, axis=1)[:, top_k - 1:top_k]
         q = np.where(q >= cut, q, 0)
+    if top_p < 1:
+        order = np.argsort(q, axis=1)
+        cum = np.cumsum(np.take_along_axis(q, order, axis=1), axis=1)
+        keep = np.zeros_like(q, dtype=bool)
+        np.put_along_axis(keep, order, cum > 1 - top_p, axis=1)
+        q = np.where(keep, q, 0)
     return q / q.sum(axis=1, keepdims=True)
 
 
@@ -88,10 +96,11 @@ def _chi2_critical(df: int, z: float = 3.29) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
-@pytest.mark.parametrize("right,temperature,top_k", [(0.7, 1.0, 0), (0.7, 0.7, 0),
-                                                      (0.7, 1.0, 3), (0.15, 1.0, 0)])
+@pytest.mark.parametrize("right,temperature,top_k,top_p", [
+    (0.7, 1.0, 0, 1.0), (0.7, 0.7, 0, 1.0), (0.7, 1.0, 3, 1.0), (0.7, 1.0, 0, 0.95),
+    (0.15, 1.0, 0, 1.0)])
 def test_first_tokens_follow_the_models_exact_distribution(right: float, temperature: float,
-                                                          top_k: int) -> None:
+                                                          top_k: int, top_p: float) -> None:
     """4,000 rows drafted from a cyclic prompt: the triples (t1, t2, t3) fit the exact
     distribution (chi-square, cells of expected count 5 or more), and the recorded log-probs
     are the sampler's (at the temperature, over the full distribution)."""
@@ -102,9 +111,9 @@ def test_first_tokens_follow_the_models_exact_distribution(right: float, tempera
     cache = merged_cache([[KVCache()] for _ in range(n)])
     mx.random.seed(11)
     out = speculative.decode(model, cache, [0] * n, [history] * n, 3,
-                             picker(temperature, top_k=top_k), set(), 4)
+                             picker(temperature, top_p=top_p, top_k=top_k), set(), 4)
     assert out.drafted >= 2 * n and out.accepted > (0.3 if right > 0.5 else 0.01) * n
-    q = _next(p, temperature, top_k)
+    q = _next(p, temperature, top_k, top_p)
     exact = q[0][:, None, None] * q[:, :, None] * q[None, :, :]  # P(t1, t2, t3) from token 0
     seen = np.zeros_like(exact)
     for t in out.tokens:
