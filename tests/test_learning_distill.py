@@ -30,6 +30,9 @@ def test_the_distillation_arms_load_as_configs() -> None:
     assert (own.distill.kind, own.distill.self_context, own.distill.clip) == (
         "self", ("feedback", "sibling"), 1.0)
     assert own.rl == grpo.rl
+    warm = load(str(learning.WARM_RL), learning.DISTILL["sft+rl+mix"])
+    assert (warm.distill.kind, warm.distill.weight_reward) == ("teacher", 1.0)
+    assert "sft+rl+mix" in learning.WARM and "sft+rl+mix" in learning.NEEDS_TEACHER
 
 
 def _run_dir(root: Path, steps: int, every: int, seconds: float) -> Path:
@@ -80,3 +83,29 @@ def test_the_report_gives_the_curve_as_a_share_of_the_teacher(tmp_path, monkeypa
     assert "| opd | 3 min | 1 min | 0,1 | 1.0 | +15.0 (+10.0 to +20.0) | +1.0 (+1.0 to +1.0) | " \
            "70% (60% to 80%) |" in out
     assert "| opd | 3 min | end | 0 | 1.0 | +25.0 | +5.0 | 90% |" in out
+
+
+def test_the_curve_evaluates_into_its_own_folder_and_only_the_budget_asked(
+        tmp_path, monkeypatch) -> None:
+    """A first `curve` on a fresh work folder (no curve/ yet) evaluates into curve/ (it once
+    failed there: the folder was never made); `--budget 3` skips the 15-minute runs."""
+    monkeypatch.setattr(learning, "WORK", tmp_path)
+    run = _run_dir(tmp_path, 30, 10, 2.0)
+    scores = {"pass@1": 0.2, "pass@8": 0.3, "greedy": 0.25, "tasks": 56}
+    (tmp_path / "frozen.json").write_text(json.dumps({"before_eval": scores}))
+    rows = [{"arm": "new", "seed": 0, "on": "eval", "minutes": m, "max_steps": 0,
+             "run_dir": run.name} for m in (3, 15)]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tags = []
+
+    def evaluate(adapter: Path, on: str, tag: Path) -> dict[str, float]:
+        tag.with_name(tag.name + "-sampled.log").write_text("")  # where cli() writes its log
+        tags.append(tag)
+        return scores
+
+    monkeypatch.setattr(learning, "evaluate", evaluate)
+    args = type("Args", (), {"at": 0.5, "on": "eval", "seeds": [], "budget": 3.0})()
+    learning.curve(args)
+    assert tags == [tmp_path / "curve" / "run-10"]
+    point = json.loads((tmp_path / "curve.jsonl").read_text())
+    assert (point["budget"], point["step"], point["train_s"]) == ("3 min", 10, 20.0)

@@ -5,7 +5,7 @@ tasks it did not solve, in the same wall-clock budget as the controls?
     python tools/learning.py run ARM --seed S [--minutes 5 | --steps N] [--dtype bfloat16]
                                 [--on dev|eval] [--set KEY=VALUE ...]
     python tools/learning.py teacher --minutes 6                 # issue 58: SFT, fuse, evaluate
-    python tools/learning.py curve --at 1.5 [--on eval] [--seeds 0]   # an earlier point
+    python tools/learning.py curve --at 1.5 [--on eval] [--seeds 0] [--budget 3]   # earlier
     python tools/learning.py report [--on eval]
 
 `prepare` records the sha256 of the model's files (the model is frozen: every run starts from
@@ -53,7 +53,8 @@ tasks of the dev split or of `synthetic-eval` (`--on eval`): pass@1 at T = 0.7 a
   the rest (configs/sft-then-rl.yaml: full-python's recipe, `lora.init_adapter` the SFT run,
   `rl.reference` initial unless `--set rl.reference=base`); `rl_gain/*` is the RL phase's own
   gain over its SFT start. The name carries the share (`sft+rl+share=0.67`). `sft+rl+self`:
-  the same with `self`'s distill section in the RL phase.
+  the same with `self`'s distill section in the RL phase; `sft+rl+mix` with `mix`'s (the
+  teacher's term beside GRPO's advantage).
 
 `--dtype bfloat16` (or float16) runs an arm on the frozen model converted to that dtype
 (`mlx-rlaif convert --dtype`, once, into .bench/learning/model-DTYPE; the weights MLX computes
@@ -108,8 +109,10 @@ SELF_TERM = ["distill.kind=self", "distill.self_adapters=policy",
 DISTILL = {"opd": [*TEACHER_TERM, "distill.weight_reward=0", "rl.kl_penalty=0",
                    "rl.dynamic_sampling=false", "rl.guidance=false"],
            "mix": [*TEACHER_TERM, "distill.weight_reward=1.0"],
-           "self": SELF_TERM, "sft+rl+self": SELF_TERM}
-WARM = ("sft+rl", "sft+rl+self")
+           "self": SELF_TERM, "sft+rl+self": SELF_TERM,
+           "sft+rl+mix": [*TEACHER_TERM, "distill.weight_reward=1.0"]}
+WARM = ("sft+rl", "sft+rl+self", "sft+rl+mix")
+NEEDS_TEACHER = ("opd", "mix", "sft+rl+mix")
 ABLATIONS = {"no-dynamic": ["rl.dynamic_sampling=false"],
              "no-curriculum": ["data.curriculum=false"],
              "no-guidance": ["rl.guidance=false"],
@@ -235,7 +238,7 @@ def train_rl(arm: str, seed: int, budget: tuple[float, int], out: Path, extra: l
     """One RL arm for `budget` = (minutes, steps): steps when above 0, else minutes; a
     checkpoint every `save_every` steps (0: the last only)."""
     recipe = WARM_RL if arm in WARM else {"current": QUICKSTART}.get(arm, RECIPE)
-    if arm in ("opd", "mix") and not (TEACHER / "config.json").is_file():
+    if arm in NEEDS_TEACHER and not (TEACHER / "config.json").is_file():
         raise SystemExit("no teacher: run `python tools/learning.py teacher` first")
     sets = {"current": ["data.difficulties=[]", "generation.score_while_decoding=false"],
             "new": [], "sft+rl": [], **ABLATIONS, **DISTILL}[arm] + extra
@@ -376,7 +379,8 @@ def curve(args: argparse.Namespace) -> int:
     b = json.loads((WORK / "frozen.json").read_text())[f"before_{args.on}"]
     for (arm, budget), seeds in latest_by_seed([r for r in rows if r["on"] == args.on]).items():
         for seed, r in sorted(seeds.items()):
-            if args.seeds and seed not in args.seeds:
+            if (args.seeds and seed not in args.seeds
+                    or args.budget and budget != f"{args.budget:g} min"):
                 continue
             if "run_dir" not in r or (r["run_dir"], args.at) in done:
                 continue
@@ -384,6 +388,7 @@ def curve(args: argparse.Namespace) -> int:
             if found is None:
                 continue
             ckpt, seconds, step = found
+            (WORK / "curve").mkdir(exist_ok=True)
             after = evaluate(ckpt, args.on, WORK / "curve" / f"{ckpt.parent.parent.name}-{step}")
             row = {"arm": arm, "budget": budget, "seed": seed, "run_dir": r["run_dir"],
                    "at": args.at, "train_s": round(seconds, 1), "step": step,
@@ -614,6 +619,8 @@ def main() -> int:
     c.add_argument("--on", choices=["dev", "eval"], default="eval")
     c.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[],
                    help="only these seeds (comma-separated); default all")
+    c.add_argument("--budget", type=float, default=0.0, metavar="MINUTES",
+                   help="only the runs of this --minutes budget; default all")
     rep = sub.add_parser("report")
     rep.add_argument("--on", choices=["dev", "eval"], default="eval")
     args = p.parse_args()
