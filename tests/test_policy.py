@@ -170,3 +170,46 @@ def test_checkpoint_round_trip_and_mlx_lm_loads_it(micro_model: Path, tmp_path: 
     c, _ = token_logprobs(again.model, toks)
     np.testing.assert_allclose(np.array(c), np.array(b), atol=1e-6)
     assert replace(checkpoint.load_state(ckpt)).step == 1
+
+
+def test_a_float_model_quantized_at_load_is_never_whole_in_memory(tmp_path: Path):
+    """Failing first (issue 58's cost run: a Qwen2.5-1.5B-shape float32 teacher quantized to 4
+    bits at load took the run's MLX peak from 2.58 to 7.82 GB, the float model read whole
+    before its quantization): the weights are read one tensor at a time after it, so the load
+    adds less than half the float weights' bytes to the peak (the quantized copy plus one float
+    tensor), and the quantized model computes what mlx-lm's eager load and quantization do."""
+    from mlx_lm.utils import quantize_model
+
+    from mlx_rlaif.backends.mlx.policy import is_quantized
+    from mlx_rlaif.testing.randmodel import make_model_dir
+
+    path = make_model_dir(tmp_path / "m", "tiny-teacher")
+    floats = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    mx.clear_cache()
+    held = mx.get_active_memory()
+    mx.reset_peak_memory()
+    model = load_policy(str(path), quantize=4).model
+    added = mx.get_peak_memory() - held
+    assert is_quantized(model) and 0 < added < floats / 2, (added, floats)
+    eager, _ = load(str(path))
+    quantize_model(eager, {}, None, 4)
+    x = mx.array([[5, 9, 300, 42]])
+    assert mx.array_equal(model(x), eager(x)).item()  # LoRA starts at zero: the base's output
+
+
+def test_weights_that_fail_when_read_are_one_line(tmp_path: Path):
+    """The weights are read lazily, after the headers: a file cut short in between (a
+    download or a disk failing under the run) is a one-line UsageError naming the model, not
+    a traceback from the first forward."""
+    import os
+
+    from mlx_rlaif.backends.mlx.policy import read_weights
+    from mlx_rlaif.errors import UsageError
+    from mlx_rlaif.testing.randmodel import make_model_dir
+
+    path = make_model_dir(tmp_path / "m", "micro")
+    model, _ = load(str(path), lazy=True)
+    os.truncate(next(path.glob("*.safetensors")), 2000)
+    with pytest.raises(UsageError, match="its weights could not be read") as e:
+        read_weights(model, str(path))
+    assert "\n" not in str(e.value) and str(path) in str(e.value)

@@ -42,17 +42,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ... import cpu
 from ...assets import model_source
 from ...config import Config
-from ...cpu.experts import float32_experts
 from ...cpu.kernels import training_fast_paths
 from ...errors import UsageError
 from ...records import Rollout
 from . import memory
-from .device import kind_of, quantized_problem
 from .loss import Split, split_head
-from .policy import is_quantized, load_model
+from .policy import load_model
 
 PROBES = (
     "def add(a, b):\n    return a + b\n",
@@ -152,20 +149,10 @@ def load_teacher(path: str, student_tokenizer: Any, student_path: str, quantize:
     if local is not None:
         preflight(path, local, room)  # first: transformers' tokenizer loader reads config.json
         check_tokenizer(path, local, student_tokenizer, student_path)
-    model, tokenizer = load_model(path, trust_remote_code)
+    model, tokenizer = load_model(path, trust_remote_code, quantize, "distill.teacher_quantize: ")
     why = tokenizer_mismatch(student_tokenizer, tokenizer)
     if why is not None:
         raise mismatch_error(path, tokenizer, student_tokenizer, student_path, why)
-    problem = quantized_problem(kind_of(), mx.__version__) if quantize or is_quantized(model) \
-        else None
-    if problem:
-        raise UsageError(f"distill.teacher_quantize: {problem}")
-    if quantize and not is_quantized(model):
-        from mlx_lm.utils import quantize_model
-
-        quantize_model(model, {}, None, quantize)
-    if cpu.on_cpu():  # as the policy: GatherMM runs only in float32 on MLX's CPU build
-        float32_experts(model)
     model.freeze()
     model.train(False)
     mx.eval(model.parameters())
