@@ -56,7 +56,8 @@ def load_model(path: str, trust_remote_code: bool = False, quantize: int = 0,
                quantize_key: str = "") -> tuple[nn.Module, Any]:
     """mlx-lm's model and tokenizer, quantized to `quantize` bits at load where the weights are
     not quantized already, with a one-line error for a path that is neither a model nor a hub
-    id, for weights that cannot be read, and for a quantized model this backend cannot run
+    id, for weights that cannot be read or quantized (an integer tensor, a weight file that is
+    a FIFO: not opened), and for a quantized model this backend cannot run
     (`quantize_key` prefixes it: the setting that asked). The weights are read lazily and
     evaluated one tensor at a time after the quantization, so a float model quantized at load
     peaks at its quantized copy plus one float tensor, never the whole float model beside it
@@ -64,6 +65,10 @@ def load_model(path: str, trust_remote_code: bool = False, quantize: int = 0,
     from mlx_lm import load
 
     source = model_source(path)
+    odd = odd_weight_file(source)
+    if odd is not None:  # a FIFO would block mlx's reader for ever
+        raise UsageError(f"model {path}: its weight file {odd} is not a regular file (a "
+                         "directory, a pipe or a broken link): check the model's files")
     try:
         model, tokenizer = load(source, tokenizer_config={"trust_remote_code": trust_remote_code},
                                 lazy=True, trust_remote_code=trust_remote_code)
@@ -81,11 +86,28 @@ def load_model(path: str, trust_remote_code: bool = False, quantize: int = 0,
     if quantize and not is_quantized(model):
         from mlx_lm.utils import quantize_model
 
-        quantize_model(model, {}, None, quantize)
+        try:
+            quantize_model(model, {}, None, quantize)
+        except Exception as e:  # noqa: BLE001  (an integer tensor where a float one belongs)
+            setting = quantize_key.rstrip(": ") or "model.quantize"
+            raise UsageError(f"model {path}: its weights could not be quantized to {quantize} "
+                             f"bits ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                             f"): check the model's files or set {setting}: 0") from e
     if cpu.on_cpu():  # 16-bit experts: GatherMM runs only in float32 on MLX's CPU build
         float32_experts(model)
     read_weights(model, path)
     return model, tokenizer
+
+
+def odd_weight_file(source: str) -> str | None:
+    """The first of a local model's weight files as mlx-lm finds them (`model*.safetensors`)
+    that is not a regular file (a symlink to one is); None where all are or `source` is a hub
+    id."""
+    local = Path(source)
+    if not local.is_dir():
+        return None
+    return next((f.name for f in sorted(local.glob("model*.safetensors")) if not f.is_file()),
+                None)
 
 
 def read_weights(model: nn.Module, path: str) -> None:
