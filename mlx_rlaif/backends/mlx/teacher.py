@@ -49,7 +49,7 @@ from ...errors import UsageError
 from ...records import Rollout
 from . import memory
 from .loss import Split, split_head
-from .policy import load_model
+from .policy import load_model, odd_weight_file
 
 PROBES = (
     "def add(a, b):\n    return a + b\n",
@@ -147,7 +147,7 @@ def load_teacher(path: str, student_tokenizer: Any, student_path: str, quantize:
     weights are over `room` bytes (the budget less the student's weights; None: unchecked)."""
     local = local_dir(path)
     if local is not None:
-        preflight(path, local, room)  # first: transformers' tokenizer loader reads config.json
+        preflight(path, local, room, quantize)  # first: the tokenizer loader reads config.json
         check_tokenizer(path, local, student_tokenizer, student_path)
     model, tokenizer = load_model(path, trust_remote_code, quantize, "distill.teacher_quantize: ")
     why = tokenizer_mismatch(student_tokenizer, tokenizer)
@@ -257,11 +257,16 @@ def config_problem(config: dict[str, Any], tensors: dict[str, tuple[str, tuple[i
     return None
 
 
-def preflight(path: str, local: Path, room: int | None) -> int:
-    """The teacher's weight bytes planned from its files before they are loaded: UsageError in
-    one line where a safetensors header is broken, config.json disagrees with the weights, or
-    the weights are over `room` bytes; returns the bytes (0: no safetensors found, left to the
-    loader)."""
+def preflight(path: str, local: Path, room: int | None, quantize: int = 0) -> int:
+    """The teacher's weight bytes planned from its files before they are loaded (quantized to
+    `quantize` bits at load: `planned_bytes`): UsageError in one line where a weight file is
+    not a regular file (a FIFO would block the reader), a safetensors header is broken,
+    config.json disagrees with the weights, or the load's peak is over `room` bytes; returns
+    the loaded bytes (0: no safetensors found, left to the loader)."""
+    odd = odd_weight_file(str(local))
+    if odd is not None:
+        raise UsageError(f"distill.teacher {path}: its weight file {odd} is not a regular file "
+                         "(a directory, a pipe or a broken link): check the teacher's files")
     files = sorted(local.glob("model*.safetensors"))
     tensors: dict[str, tuple[str, tuple[int, ...], int]] = {}
     try:
@@ -274,13 +279,42 @@ def preflight(path: str, local: Path, room: int | None) -> int:
     if why is not None:
         raise UsageError(f"distill.teacher {path}: its config.json disagrees with its weight "
                          f"files ({why}): fix the teacher's config.json or pick another teacher")
-    size = sum(b for _, _, b in tensors.values())
-    if room is not None and size > room:
-        raise UsageError(f"distill.teacher {path}: its weights are {memory.gb(size)} GB, over "
-                         f"the {memory.gb(max(room, 0))} GB the memory budget leaves beside the "
-                         "student: pick a smaller or pre-quantized teacher (mlx_lm.convert -q), "
-                         "or raise training.max_memory_gb")
+    size, peak = planned_bytes(tensors, quantize)
+    if room is not None and peak > room:
+        at = f" ({memory.gb(peak)} GB while quantized to {quantize} bits at load)" \
+            if quantize and peak != size else ""
+        raise UsageError(f"distill.teacher {path}: its weights are {memory.gb(size)} GB{at}, "
+                         f"over the {memory.gb(max(room, 0))} GB the memory budget leaves beside "
+                         "the student: pick a smaller or pre-quantized teacher (mlx_lm.convert "
+                         "-q), or raise training.max_memory_gb")
     return size
+
+
+FLOATS = {"F32": 4, "F16": 2, "BF16": 2}
+GROUP = 64  # mlx-lm's default group size (quantize_model with group_size None)
+
+
+def planned_bytes(tensors: dict[str, tuple[str, tuple[int, ...], int]], quantize: int
+                  ) -> tuple[int, int]:
+    """(bytes once loaded, bytes at the load's peak) of safetensors `tensors` (name -> dtype,
+    shape, bytes). Quantized to `quantize` bits at load, as `policy.load_model` does it: every
+    float matrix `*weight` whose rows split into groups of GROUP (the layers mlx-lm quantizes:
+    linear and embedding) becomes `quantize` bits a value plus a scale and a bias a group in
+    its dtype, and one float tensor at a time is held beside the quantized ones (the largest
+    is the peak's)."""
+    if not quantize:
+        size = sum(b for _, _, b in tensors.values())
+        return size, size
+    size, largest = 0, 0
+    for name, (dtype, shape, nbytes) in tensors.items():
+        if dtype in FLOATS and name.endswith("weight") and len(shape) >= 2 \
+                and shape[-1] % GROUP == 0:
+            n = math.prod(shape)
+            size += n * quantize // 8 + 2 * (n // GROUP) * FLOATS[dtype]
+            largest = max(largest, nbytes)
+        else:
+            size += nbytes
+    return size, size + largest
 
 
 def teacher_logprobs(teacher: Teacher, rollouts: list[Rollout], cfg: Config
