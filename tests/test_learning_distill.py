@@ -88,13 +88,15 @@ def test_the_report_gives_the_curve_as_a_share_of_the_teacher(tmp_path, monkeypa
 def test_the_curve_evaluates_into_its_own_folder_and_only_the_budget_asked(
         tmp_path, monkeypatch) -> None:
     """A first `curve` on a fresh work folder (no curve/ yet) evaluates into curve/ (it once
-    failed there: the folder was never made); `--budget 3` skips the 15-minute runs."""
+    failed there: the folder was never made); `--budget 3` skips the 15-minute runs; a row
+    whose folder now holds another run (other steps) is skipped."""
     monkeypatch.setattr(learning, "WORK", tmp_path)
     run = _run_dir(tmp_path, 30, 10, 2.0)
     scores = {"pass@1": 0.2, "pass@8": 0.3, "greedy": 0.25, "tasks": 56}
     (tmp_path / "frozen.json").write_text(json.dumps({"before_eval": scores}))
     rows = [{"arm": "new", "seed": 0, "on": "eval", "minutes": m, "max_steps": 0,
-             "run_dir": run.name} for m in (3, 15)]
+             "run_dir": run.name, "steps": 30} for m in (3, 15)]
+    rows += [{**rows[0], "arm": "opd", "steps": 12}]  # its folder taken by another run since
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     tags = []
 

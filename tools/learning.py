@@ -306,7 +306,9 @@ def run(args: argparse.Namespace) -> int:
     share = [f"share={args.sft_share:g}"] if args.arm in WARM else []
     name = "+".join([args.arm, *share, *args.set]) + (
         "" if args.dtype == "float32" else f"@{args.dtype}")
-    out = WORK / "runs" / f"{name.replace('/', '_')}-s{args.seed}-{args.on}"
+    budget = f"{args.steps}steps" if args.steps else f"{args.minutes:g}min"
+    # the budget in the name: a run of another budget (its checkpoints, for `curve`) is kept
+    out = WORK / "runs" / f"{name.replace('/', '_')}-{budget}-s{args.seed}-{args.on}"
     out.parent.mkdir(parents=True, exist_ok=True)
     for p in out.parent.glob(f"{out.name}*"):
         subprocess.run(["rm", "-rf", str(p)], check=True)
@@ -383,6 +385,9 @@ def curve(args: argparse.Namespace) -> int:
                     or args.budget and budget != f"{args.budget:g} min"):
                 continue
             if "run_dir" not in r or (r["run_dir"], args.at) in done:
+                continue
+            if _steps(WORK / r["run_dir"]) != r.get("steps"):  # a later run took its folder
+                print(f"{r['run_dir']}: holds another run now, not this row's; skipped")
                 continue
             found = nearest_checkpoint(WORK / r["run_dir"], 60 * args.at)
             if found is None:
