@@ -338,3 +338,17 @@ def test_the_planned_bytes_are_the_loaded_bytes(base: Path, student_tokenizer: A
     for bits in (0, 4, 8):
         loaded = load_teacher(str(base), student_tokenizer, str(base), quantize=bits)
         assert preflight("t", base, None, bits) == weight_bytes(loaded.model), bits
+
+
+def test_a_teacher_that_fails_at_its_first_forward_stops_at_load(
+        quantized_base: Path, tmp_path: Path, student_tokenizer: Any) -> None:
+    """Failing first (it loaded, and the first step's teacher pass raised a traceback from
+    quantized_matmul): a 4-bit teacher whose packed weight is int8 is run once at load, as the
+    policy is, and stops there in one line naming the teacher and the operation."""
+    from mlx_rlaif.backends.mlx.teacher import load_teacher
+
+    d = copy(quantized_base, tmp_path / "q")
+    weights(lambda w: w.update({f"{UP}.weight": w[f"{UP}.weight"].astype(mx.int8)}))(d)
+    with pytest.raises(UsageError) as e:
+        load_teacher(str(d), student_tokenizer, str(quantized_base))
+    one_line(e, f"distill.teacher {d}: the qwen2 model fails at first use", "quantized_matmul")

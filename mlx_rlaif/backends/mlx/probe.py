@@ -94,10 +94,10 @@ def model_type_of(model: nn.Module) -> str:
             or type(model).__module__.rsplit(".", 1)[-1])
 
 
-def probe(model: nn.Module, quantized: bool) -> None:
-    """Run the model once as a step will (a forward pass through the prompt cache; a forward
-    and backward pass for the trainable parameters); UsageError of one line where mlx-lm
-    fails."""
+def probe(model: nn.Module, quantized: bool, train: bool = True, name: str = "") -> None:
+    """Run the model once as a step will (a forward pass through the prompt cache; with
+    `train`, a forward and backward pass for the trainable parameters; a frozen teacher runs
+    the forward only); UsageError of one line where mlx-lm fails, after `name` (who it is)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     x = mx.array(PROBE_TOKENS)
@@ -105,8 +105,10 @@ def probe(model: nn.Module, quantized: bool) -> None:
         cache = make_prompt_cache(model)
         mx.eval(model(x, cache=cache))
         once(model, "caches", lambda: sizes_of(cache))  # the memory plan's, measured here
-        loss, grads = nn.value_and_grad(model, lambda m: m(x).astype(mx.float32).mean())(model)
-        mx.eval(loss, grads)
+        if train:
+            loss, grads = nn.value_and_grad(model, lambda m: m(x).astype(mx.float32).mean())(
+                model)
+            mx.eval(loss, grads)
     except Exception as e:  # noqa: BLE001  (whatever mlx-lm's model code raises)
-        raise UsageError(failure_line(e, model_type_of(model), quantized, "at first use")
+        raise UsageError(name + failure_line(e, model_type_of(model), quantized, "at first use")
                          ) from e

@@ -16,7 +16,9 @@ number of layers, the embedding's rows and width, at least a parameter per layer
 unit), and the weights' bytes against the memory budget left beside the student; a teacher that
 fails stops the run in one line naming it and the fix, before mlx-lm builds its model (a config
 of 10**9 layers would otherwise grow the process until it is killed). The run's full memory
-plan (memory_plan.py) counts the loaded teacher's weights and forward after that. The
+plan (memory_plan.py) counts the loaded teacher's weights and forward after that. Loaded, the
+teacher runs one forward of three tokens (probe.py, as the policy does): a teacher that fails
+inside mlx-lm stops the run at load in one line, not at its first pass. The
 forward is the reference pass's (`update.policy_logprobs`: micro-batches sized by the memory
 plan, each prompt computed once for its group, the head's log-probs a chunk of positions at a
 time): only the sampled tokens' log-probs are kept, never a [rows, positions, vocabulary]
@@ -49,7 +51,8 @@ from ...errors import UsageError
 from ...records import Rollout
 from . import memory
 from .loss import Split, split_head
-from .policy import load_model, odd_weight_file
+from .policy import is_quantized, load_model, odd_weight_file
+from .probe import probe
 
 PROBES = (
     "def add(a, b):\n    return a + b\n",
@@ -155,6 +158,8 @@ def load_teacher(path: str, student_tokenizer: Any, student_path: str, quantize:
         raise mismatch_error(path, tokenizer, student_tokenizer, student_path, why)
     model.freeze()
     model.train(False)
+    probe(model, bool(quantize) or is_quantized(model), train=False,
+          name=f"distill.teacher {path}: ")
     mx.eval(model.parameters())
     return Teacher(model, tokenizer, path, split_head(model))
 
