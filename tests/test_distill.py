@@ -353,6 +353,7 @@ def test_a_teacher_over_the_memory_budget_stops_before_loading(models, monkeypat
     from mlx_lm import load as mlx_load
 
     from mlx_rlaif.backends.mlx import teacher as tm
+    from mlx_rlaif.backends.mlx.weight_files import preflight
     from mlx_rlaif.train.distill import load_teacher
 
     model, student_tok = mlx_load(str(models["student"]))
@@ -365,7 +366,7 @@ def test_a_teacher_over_the_memory_budget_stops_before_loading(models, monkeypat
         load_teacher(cfg, SimpleNamespace(model=model, tokenizer=student_tok))
     assert "\n" not in str(e.value) and str(models["teacher"]) in str(e.value)
     room = 8 * 2**30 - tm.weight_bytes(model)
-    assert tm.preflight("t", models["teacher"], room) == tm.weight_bytes(
+    assert preflight("t", "teacher", models["teacher"], room) == tm.weight_bytes(
         mlx_load(str(models["teacher"]))[0])  # the headers' bytes are the loaded bytes
 
 

@@ -127,16 +127,16 @@ def symlink_loop(d: Path) -> None:
     os.symlink(d / ST, d / "other.safetensors")
 
 
-BROKEN = {  # edit -> what mlx-lm's loader says inside the one line
-    "data cut short": (cut(lambda n: n // 2), "exceeding the size of the file"),
-    "header cut short": (cut(lambda n: 100), "JSON header is"),
-    "dtype lie F16": (lie(f"{UP}.weight", dtype="F16"), "invalid data offsets"),
+INSIDE = "does not lie inside the file"  # weight_files.preflight's, before mlx-lm reads a byte
+BROKEN = {  # edit -> what the one line says inside (the plan's, else mlx-lm's loader's)
+    "data cut short": (cut(lambda n: n // 2), INSIDE),
+    "header cut short": (cut(lambda n: 100), "has no safetensors header"),
+    "dtype lie F16": (lie(f"{UP}.weight", dtype="F16"), INSIDE),
     "dtype unknown": (lie(f"{UP}.weight", dtype="F128"), "unsupported dtype F128"),
-    "shape lie": (lie(f"{UP}.weight", shape=[256, 64]), "invalid data offsets"),
-    "huge shape (bytes wrap to 0)": (lie(f"{UP}.weight", shape=[2**31, 2**31]),
-                                     "Expecting 0 bytes"),
+    "shape lie": (lie(f"{UP}.weight", shape=[256, 64]), INSIDE),
+    "huge shape (bytes wrap to 0)": (lie(f"{UP}.weight", shape=[2**31, 2**31]), INSIDE),
     "negative shape": (lie(f"{UP}.weight", shape=[-128, -64]), "received shape (-128, -64)"),
-    "offsets past the end": (offsets_past_end, "invalid data offsets"),
+    "offsets past the end": (offsets_past_end, INSIDE),
     "wrong shape for config": (weights(lambda w: w.update({f"{UP}.weight": mx.zeros((64, 64))})),
                                "Expected shape (128, 64) but received shape (64, 64)"),
     "missing tensor": (weights(lambda w: w.pop(f"{UP}.weight")), "Missing 1 parameters"),
@@ -163,7 +163,8 @@ def test_broken_weight_files_are_one_line(base: Path, tmp_path: Path, case: str,
     with pytest.raises(UsageError) as e:
         load_policy(str(d), quantize=quantize)
     s = one_line(e, f"model {d}", inside)
-    assert s.endswith(("check the path or hub id", "check the model's files")), s
+    assert s.endswith(("check the path or hub id", "check the model's files",
+                       "pick a model saved whole")), s
 
 
 @pytest.mark.parametrize("case", ["data cut short", "dtype lie F16", "huge shape (bytes wrap to 0)",
@@ -320,7 +321,7 @@ def test_the_plan_of_a_teacher_quantized_at_load_by_hand() -> None:
     128 groups x (scale + bias) x 4 bytes = 1024; a norm (1-D) and a matrix whose rows do not
     split into groups of 64 (60) stay as stored; the peak adds the largest float matrix
     quantized (32768 bytes), one at a time."""
-    from mlx_rlaif.backends.mlx.teacher import planned_bytes
+    from mlx_rlaif.backends.mlx.weight_files import planned_bytes
 
     tensors = {"a.weight": ("F32", (128, 64), 32768), "norm.weight": ("F32", (64,), 256),
                "b.weight": ("BF16", (10, 60), 1200), "a.bias": ("F32", (128,), 512)}
@@ -333,11 +334,12 @@ def test_the_plan_of_a_teacher_quantized_at_load_by_hand() -> None:
 def test_the_planned_bytes_are_the_loaded_bytes(base: Path, student_tokenizer: Any) -> None:
     """What the plan says before load is what the teacher holds once loaded, float or
     quantized at load."""
-    from mlx_rlaif.backends.mlx.teacher import load_teacher, preflight, weight_bytes
+    from mlx_rlaif.backends.mlx.teacher import load_teacher, weight_bytes
+    from mlx_rlaif.backends.mlx.weight_files import preflight
 
     for bits in (0, 4, 8):
         loaded = load_teacher(str(base), student_tokenizer, str(base), quantize=bits)
-        assert preflight("t", base, None, bits) == weight_bytes(loaded.model), bits
+        assert preflight("t", "teacher", base, None, bits) == weight_bytes(loaded.model), bits
 
 
 def test_a_teacher_that_fails_at_its_first_forward_stops_at_load(
@@ -352,3 +354,18 @@ def test_a_teacher_that_fails_at_its_first_forward_stops_at_load(
     with pytest.raises(UsageError) as e:
         load_teacher(str(d), student_tokenizer, str(quantized_base))
     one_line(e, f"distill.teacher {d}: the qwen2 model fails at first use", "quantized_matmul")
+
+
+def test_a_policy_whose_config_says_a_billion_layers_is_refused_before_it_is_built(
+        base: Path, tmp_path: Path) -> None:
+    """Failing first (the red-team's finding: model.path had no plan before mlx-lm built the
+    model from config.json, so 10**9 layers grew the process until it was killed): the policy's
+    files are planned as the teacher's are, and the run stops in one line."""
+    d = copy(base, tmp_path / "m")
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**9}))
+    with pytest.raises(UsageError) as e:
+        load_policy(str(d))
+    one_line(e, f"model {d}: its config.json disagrees with its weight files "
+                "(num_hidden_layers 1000000000 in config.json, 2 layers in its weights)",
+             "fix the model's config.json or pick another model")

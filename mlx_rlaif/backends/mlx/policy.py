@@ -38,6 +38,7 @@ from .device import kind_of, quantized_problem
 from .loss import Split, split_head
 from .model_shape import once
 from .probe import load_failure_line, probe
+from .weight_files import preflight
 
 
 @dataclass
@@ -65,10 +66,8 @@ def load_model(path: str, trust_remote_code: bool = False, quantize: int = 0,
     from mlx_lm import load
 
     source = model_source(path)
-    odd = odd_weight_file(source)
-    if odd is not None:  # a FIFO would block mlx's reader for ever
-        raise UsageError(f"model {path}: its weight file {odd} is not a regular file (a "
-                         "directory, a pipe or a broken link): check the model's files")
+    if Path(source).is_dir():  # before mlx-lm builds the model from config.json
+        preflight(f"model {path}", "model", Path(source), None)
     try:
         model, tokenizer = load(source, tokenizer_config={"trust_remote_code": trust_remote_code},
                                 lazy=True, trust_remote_code=trust_remote_code)
@@ -97,17 +96,6 @@ def load_model(path: str, trust_remote_code: bool = False, quantize: int = 0,
         float32_experts(model)
     read_weights(model, path)
     return model, tokenizer
-
-
-def odd_weight_file(source: str) -> str | None:
-    """The first of a local model's weight files as mlx-lm finds them (`model*.safetensors`)
-    that is not a regular file (a symlink to one is); None where all are or `source` is a hub
-    id."""
-    local = Path(source)
-    if not local.is_dir():
-        return None
-    return next((f.name for f in sorted(local.glob("model*.safetensors")) if not f.is_file()),
-                None)
 
 
 def read_weights(model: nn.Module, path: str) -> None:

@@ -10,7 +10,7 @@ tokens, the chat-template markers, and text around every added token's content o
 tokenizer); a difference stops the run at load, before the teacher's weights are read, in one
 line naming both tokenizers (no re-tokenization: not in scope).
 
-Before its weights are loaded the teacher is planned from its files (`preflight`): the
+Before its weights are loaded the teacher is planned from its files (`weight_files.preflight`): the
 safetensors headers (their tensors must lie inside the files), config.json against them (the
 number of layers, the embedding's rows and width, at least a parameter per layer and hidden
 unit), and the weights' bytes against the memory budget left beside the student; a teacher that
@@ -33,9 +33,6 @@ config, as extra prediction layers, are left to mlx-lm's strict load); weight fo
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,10 +46,10 @@ from ...config import Config
 from ...cpu.kernels import training_fast_paths
 from ...errors import UsageError
 from ...records import Rollout
-from . import memory
 from .loss import Split, split_head
-from .policy import is_quantized, load_model, odd_weight_file
+from .policy import is_quantized, load_model
 from .probe import probe
+from .weight_files import preflight, read_config
 
 PROBES = (
     "def add(a, b):\n    return a + b\n",
@@ -63,10 +60,6 @@ PROBES = (
     "naïve café – “quotes” 数字 🙂",
     "fn main() { println!(\"{}\", 42); }",
 )
-HEADER_MAX = 100 * 2**20  # bytes of a safetensors header (the safetensors library's own cap)
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
-               "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-LAYER = re.compile(r"(?:^|\.)model\.layers\.(\d+)\.")  # a text model's blocks, as mlx-lm names them
 
 
 @dataclass
@@ -150,7 +143,8 @@ def load_teacher(path: str, student_tokenizer: Any, student_path: str, quantize:
     weights are over `room` bytes (the budget less the student's weights; None: unchecked)."""
     local = local_dir(path)
     if local is not None:
-        preflight(path, local, room, quantize)  # first: the tokenizer loader reads config.json
+        preflight(f"distill.teacher {path}", "teacher", local, room, quantize)  # first: the
+        # tokenizer loader reads config.json
         check_tokenizer(path, local, student_tokenizer, student_path)
     model, tokenizer = load_model(path, trust_remote_code, quantize, "distill.teacher_quantize: ")
     why = tokenizer_mismatch(student_tokenizer, tokenizer)
@@ -186,14 +180,6 @@ def local_dir(path: str) -> Path | None:
     return p if (p / "config.json").is_file() else None
 
 
-def read_config(local: Path) -> dict[str, Any]:
-    try:
-        config = json.loads((local / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
 def check_tokenizer(path: str, local: Path, student_tokenizer: Any, student_path: str) -> None:
     """The teacher's tokenizer alone, loaded as mlx-lm's `load` loads it (end-of-sequence ids
     from config.json too), against the student's: UsageError in one line where they differ."""
@@ -207,119 +193,6 @@ def check_tokenizer(path: str, local: Path, student_tokenizer: Any, student_path
     why = tokenizer_mismatch(student_tokenizer, tokenizer)
     if why is not None:
         raise mismatch_error(path, tokenizer, student_tokenizer, student_path, why)
-
-
-def safetensors_tensors(file: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
-    """name -> (dtype, shape, bytes) from a safetensors file's header; ValueError where it is
-    no header or a tensor does not lie inside the file at its declared size."""
-    size = file.stat().st_size
-    with file.open("rb") as f:
-        raw = f.read(8)
-        n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
-        if not 0 < n <= min(HEADER_MAX, size - 8):
-            raise ValueError(f"{file.name} has no safetensors header")
-        header = json.loads(f.read(n))
-    if not isinstance(header, dict):
-        raise ValueError(f"{file.name} has no safetensors header")
-    data, out = size - 8 - n, {}
-    for name, v in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape = str(v["dtype"]), tuple(int(d) for d in v["shape"])
-            start, end = (int(x) for x in v["data_offsets"])
-        except (TypeError, KeyError, ValueError) as e:
-            raise ValueError(f"{file.name}: tensor {name[:60]!r} has no valid entry") from e
-        want = math.prod(shape) * DTYPE_BYTES.get(dtype, 1)
-        if not 0 <= start <= end <= data or (dtype in DTYPE_BYTES and end - start != want):
-            raise ValueError(f"{file.name}: tensor {name[:60]!r} of shape {list(shape)[:4]} "
-                             "does not lie inside the file")
-        out[name] = (dtype, shape, end - start)
-    return out
-
-
-def config_problem(config: dict[str, Any], tensors: dict[str, tuple[str, tuple[int, ...], int]]
-                   ) -> str | None:
-    """Where config.json's shapes disagree with the weight files' tensors (None: they agree
-    where both say)."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    layers, hidden, vocab = (text.get(k) for k in ("num_hidden_layers", "hidden_size",
-                                                   "vocab_size"))
-    found = {int(m.group(1)) for k in tensors if (m := LAYER.search(k))}
-    if found and not (isinstance(layers, int) and 0 < layers <= len(found)):  # more: MTP
-        return f"num_hidden_layers {layers!r} in config.json, {len(found)} layers in its weights"
-    embed = next(((d, s) for k, (d, s, _) in tensors.items()
-                  if k.endswith("embed_tokens.weight")), None)
-    if embed is not None and len(embed[1]) == 2:
-        if vocab != embed[1][0]:
-            return f"vocab_size {vocab!r} in config.json, {embed[1][0]} embedding rows"
-        if embed[0] != "U32" and hidden != embed[1][1]:  # U32: quantized, packed columns
-            return f"hidden_size {hidden!r} in config.json, embeddings {embed[1][1]} wide"
-    elems = sum(math.prod(s) * (8 if d == "U32" else 1) for d, s, _ in tensors.values())
-    if isinstance(layers, int) and isinstance(hidden, int) and layers * hidden > elems:
-        return (f"num_hidden_layers {layers} x hidden_size {hidden} is more parameters than "
-                f"the {elems} its weights hold")
-    return None
-
-
-def preflight(path: str, local: Path, room: int | None, quantize: int = 0) -> int:
-    """The teacher's weight bytes planned from its files before they are loaded (quantized to
-    `quantize` bits at load: `planned_bytes`): UsageError in one line where a weight file is
-    not a regular file (a FIFO would block the reader), a safetensors header is broken,
-    config.json disagrees with the weights, or the load's peak is over `room` bytes; returns
-    the loaded bytes (0: no safetensors found, left to the loader)."""
-    odd = odd_weight_file(str(local))
-    if odd is not None:
-        raise UsageError(f"distill.teacher {path}: its weight file {odd} is not a regular file "
-                         "(a directory, a pipe or a broken link): check the teacher's files")
-    files = sorted(local.glob("model*.safetensors"))
-    tensors: dict[str, tuple[str, tuple[int, ...], int]] = {}
-    try:
-        for f in files:
-            tensors.update(safetensors_tensors(f))
-    except (OSError, ValueError) as e:
-        raise UsageError(f"distill.teacher {path}: its weight files are broken "
-                         f"({str(e).splitlines()[0]}): pick a teacher saved whole") from e
-    why = config_problem(read_config(local), tensors)
-    if why is not None:
-        raise UsageError(f"distill.teacher {path}: its config.json disagrees with its weight "
-                         f"files ({why}): fix the teacher's config.json or pick another teacher")
-    size, peak = planned_bytes(tensors, quantize)
-    if room is not None and peak > room:
-        at = f" ({memory.gb(peak)} GB while quantized to {quantize} bits at load)" \
-            if quantize and peak != size else ""
-        raise UsageError(f"distill.teacher {path}: its weights are {memory.gb(size)} GB{at}, "
-                         f"over the {memory.gb(max(room, 0))} GB the memory budget leaves beside "
-                         "the student: pick a smaller or pre-quantized teacher (mlx_lm.convert "
-                         "-q), or raise training.max_memory_gb")
-    return size
-
-
-FLOATS = {"F32": 4, "F16": 2, "BF16": 2}
-GROUP = 64  # mlx-lm's default group size (quantize_model with group_size None)
-
-
-def planned_bytes(tensors: dict[str, tuple[str, tuple[int, ...], int]], quantize: int
-                  ) -> tuple[int, int]:
-    """(bytes once loaded, bytes at the load's peak) of safetensors `tensors` (name -> dtype,
-    shape, bytes). Quantized to `quantize` bits at load, as `policy.load_model` does it: every
-    float matrix `*weight` whose rows split into groups of GROUP (the layers mlx-lm quantizes:
-    linear and embedding) becomes `quantize` bits a value plus a scale and a bias a group in
-    its dtype, and one float tensor at a time is held beside the quantized ones (the largest
-    is the peak's)."""
-    if not quantize:
-        size = sum(b for _, _, b in tensors.values())
-        return size, size
-    size, largest = 0, 0
-    for name, (dtype, shape, nbytes) in tensors.items():
-        if dtype in FLOATS and name.endswith("weight") and len(shape) >= 2 \
-                and shape[-1] % GROUP == 0:
-            n = math.prod(shape)
-            size += n * quantize // 8 + 2 * (n // GROUP) * FLOATS[dtype]
-            largest = max(largest, nbytes)
-        else:
-            size += nbytes
-    return size, size + largest
 
 
 def teacher_logprobs(teacher: Teacher, rollouts: list[Rollout], cfg: Config
