@@ -541,7 +541,9 @@ def report_distill(arms: dict[tuple[str, str], dict[int, dict]], teach: dict | N
         rows = [(f"{a:g} min", [p for p in got if p["at"] == a]) for a in at]
         if not rows:
             continue
-        end = [{**r, "train_s": _train_seconds(WORK / r["run_dir"])} for r in rs.values()]
+        end = [{**r, "train_s": _train_seconds(WORK / r["run_dir"])
+                if _steps(WORK / r["run_dir"]) == r.get("steps") else 60 * (r["minutes"] or 0)}
+               for r in rs.values()]  # a folder a later run took: the budget's minutes
         for label, ps in [*rows, ("end", end)]:
             shares = [p["after/pass@1"] / teach["after/pass@1"] for p in ps] if teach else []
             share = (f"{sum(shares) / len(shares):.0%}" + (
