@@ -553,8 +553,8 @@ def report_distill(arms: dict[tuple[str, str], dict[int, dict]], teach: dict | N
             print(f"| {arm} | {budget} | {label} | {','.join(str(p['seed']) for p in ps)} | "
                   f"{mins:.1f} | {spread([p['gain/pass@1'] for p in ps])} | "
                   f"{spread([p['gain/greedy'] for p in ps])} | {share} |")
-    kls = {key: [_kl_ends(WORK / r["run_dir"]) for r in rs.values() if "run_dir" in r]
-           for key, rs in arms.items()}
+    kls = {key: [_kl_ends(WORK / r["run_dir"]) for r in rs.values() if "run_dir" in r
+                 and _steps(WORK / r["run_dir"]) == r.get("steps")] for key, rs in arms.items()}
     kls = {key: [k for k in v if k] for key, v in kls.items()}
     if any(kls.values()):
         print("\ndistill/kl (mean per-token reverse KL to the target), first and last ten steps")
