@@ -13,7 +13,8 @@ steps after the first (the first compiles its shapes), the first step's, the med
 distill/seconds (the teacher's pass) and memory/mlx_peak_gb (the process's MLX peak).
 
 `--why`: one teacher forward (`--rows` x `--length` tokens) of the tiny-teacher and the 1.5B
-shapes, timed three ways in this process: float32, 4-bit through this project's CPU path (the
+shapes, timed three ways in this process (re-executed with OpenBLAS preloaded, as the CLI
+runs: without it MLX's own CPU matmul made the float forward about 10x slower): float32, 4-bit through this project's CPU path (the
 products `x @ dequantize(W).T`: cpu/quantized.py, which the teacher's pass uses) and 4-bit
 through MLX's own `quantized_matmul` kernel; the median of 2 after one warm-up.
 
@@ -140,7 +141,10 @@ def main() -> None:
     args = p.parse_args()
     root = Path(args.work)
     root.mkdir(parents=True, exist_ok=True)
-    if args.why:
+    if args.why:  # in this process: MLX's matmuls through the BLAS the trainer preloads
+        from mlx_rlaif.cpu.blas import maybe_reexec_with_fast_blas
+
+        maybe_reexec_with_fast_blas([sys.executable, *sys.argv])
         why(root, args)
         return
     student, teacher = models(root)
