@@ -54,7 +54,7 @@ class Policy:
 
 
 def load_model(path: str, trust_remote_code: bool = False, quantize: int = 0,
-               quantize_key: str = "") -> tuple[nn.Module, Any]:
+               quantize_key: str = "", planned: bool = False) -> tuple[nn.Module, Any]:
     """mlx-lm's model and tokenizer, quantized to `quantize` bits at load where the weights are
     not quantized already, with a one-line error for a path that is neither a model nor a hub
     id, for weights that cannot be read or quantized (an integer tensor, a weight file that is
@@ -62,11 +62,13 @@ def load_model(path: str, trust_remote_code: bool = False, quantize: int = 0,
     (`quantize_key` prefixes it: the setting that asked). The weights are read lazily and
     evaluated one tensor at a time after the quantization, so a float model quantized at load
     peaks at its quantized copy plus one float tensor, never the whole float model beside it
-    (MLX peak 0.63 GB against 2.05 for a Qwen2.5-0.5B shape in float32, 4 bits)."""
+    (MLX peak 0.63 GB against 2.05 for a Qwen2.5-0.5B shape in float32, 4 bits). A model on
+    this machine is planned from its files first (weight_files.preflight) unless the caller has
+    (`planned`)."""
     from mlx_lm import load
 
     source = model_source(path)
-    if Path(source).is_dir():  # before mlx-lm builds the model from config.json
+    if not planned and Path(source).is_dir():  # before mlx-lm builds it from config.json
         preflight(f"model {path}", "model", Path(source), None)
     try:
         model, tokenizer = load(source, tokenizer_config={"trust_remote_code": trust_remote_code},

@@ -146,7 +146,8 @@ def load_teacher(path: str, student_tokenizer: Any, student_path: str, quantize:
         preflight(f"distill.teacher {path}", "teacher", local, room, quantize)  # first: the
         # tokenizer loader reads config.json
         check_tokenizer(path, local, student_tokenizer, student_path)
-    model, tokenizer = load_model(path, trust_remote_code, quantize, "distill.teacher_quantize: ")
+    model, tokenizer = load_model(path, trust_remote_code, quantize, "distill.teacher_quantize: ",
+                                  planned=local is not None)
     why = tokenizer_mismatch(student_tokenizer, tokenizer)
     if why is not None:
         raise mismatch_error(path, tokenizer, student_tokenizer, student_path, why)
