@@ -112,7 +112,7 @@ def why(root: Path, args: argparse.Namespace) -> None:
     tiny = root / "teacher-tiny"
     if not (tiny / "config.json").is_file():
         make_model_dir(tiny, "tiny-teacher", seed=5)
-    print(f"one forward of {args.rows} x {args.length} tokens, seconds (median of 3)")
+    print(f"one forward of {args.rows} x {args.length} tokens, seconds (the median of 2 after a warm-up)")
     print("| teacher shape | float32 | 4-bit, BLAS products (the teacher's pass) | "
           "4-bit, MLX quantized_matmul |")
     print("|---|---|---|---|")
