@@ -37,7 +37,7 @@ from ...errors import UsageError
 from .device import kind_of, quantized_problem
 from .loss import Split, split_head
 from .model_shape import once
-from .probe import load_failure_line, probe
+from .probe import first_line, load_failure_line, probe
 from .weight_files import preflight
 
 
@@ -78,7 +78,7 @@ def load_model(path: str, trust_remote_code: bool = False, quantize: int = 0,
         if inside:
             raise UsageError(f"model {path}: {inside}") from e
         raise UsageError(f"model {path} could not be loaded ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}): check the path or hub id"
+                         f"{first_line(e)}): check the path or hub id"
                          ) from e
     problem = quantized_problem(kind_of(), mx.__version__) if quantize or is_quantized(model) \
         else None
@@ -92,7 +92,7 @@ def load_model(path: str, trust_remote_code: bool = False, quantize: int = 0,
         except Exception as e:  # noqa: BLE001  (an integer tensor where a float one belongs)
             setting = quantize_key.rstrip(": ") or "model.quantize"
             raise UsageError(f"model {path}: its weights could not be quantized to {quantize} "
-                             f"bits ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                             f"bits ({type(e).__name__}: {first_line(e)}"
                              f"): check the model's files or set {setting}: 0") from e
     if cpu.on_cpu():  # 16-bit experts: GatherMM runs only in float32 on MLX's CPU build
         float32_experts(model)
@@ -108,9 +108,8 @@ def read_weights(model: nn.Module, path: str) -> None:
         for _, p in tree_flatten(model.parameters()):
             mx.eval(p)
     except Exception as e:  # noqa: BLE001  (a truncated or unreadable weight file)
-        first = str(e).splitlines()[0] if str(e) else ""
         raise UsageError(f"model {path}: its weights could not be read ({type(e).__name__}: "
-                         f"{first}): check the model's files") from e
+                         f"{first_line(e)}): check the model's files") from e
 
 
 def load_policy(model_path: str, lora_cfg: Any = None, adapter: str | Path | None = None,

@@ -71,9 +71,14 @@ def fix_for(e: BaseException, quantized: bool, model_type: str, when: str) -> st
     return "try another mlx-lm version, or report it to mlx-lm with this line"
 
 
+def first_line(e: BaseException) -> str:
+    """An exception's message up to its first line break ("" for none)."""
+    return str(e).splitlines()[0] if str(e) else ""
+
+
 def failure_line(e: BaseException, model_type: str, quantized: bool, when: str) -> str:
     """The one line an error raised inside mlx-lm's model code becomes."""
-    first = str(e).splitlines()[0] if str(e) else ""
+    first = first_line(e)
     return (f"the {model_type} model fails {when} in mlx-lm {mlx_lm_version()} (mlx "
             f"{mx.__version__}) at {operation(e)} ({type(e).__name__}: {first}): "
             f"{fix_for(e, quantized, model_type, when)}")
